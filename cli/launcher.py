@@ -1,0 +1,148 @@
+"""`splitserve up`: start router, workers and frontend as child processes; stop them all on exit.
+
+Each child is a plain `python -m cli.main <service>` process, the same command a systemd unit runs. Children
+die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MODEL_DIR = Path("models/tiny")
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    model: Path | None = None
+    engine: str = "vllm"
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_aggregated: int = 0
+    router_policy: str = "kv"
+    local_prefill_max_tokens: int = 256
+    block_size: int = 16
+    num_blocks: int | None = None
+    mock_speedup: float = 1.0
+    dtype: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    router_port: int = 0  # 0: any free port
+    log_level: str = "info"
+    log_json: bool = False
+    # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
+    ready_timeout_s: float = 300.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def worker_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]]:
+    roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
+    num_cores = os.cpu_count() or 1
+    cmds = []
+    for i, role in enumerate(roles):
+        cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
+               "--block-size", str(spec.block_size), "--worker-id", f"{role}-{i}",
+               "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
+               "--nixl-port", str(free_port()), "--core", str(i % num_cores)]
+        if spec.num_blocks is not None:
+            cmd += ["--num-blocks", str(spec.num_blocks)]
+        cmds.append(cmd)
+    return cmds
+
+
+def launch(spec: GraphSpec) -> int:
+    model = spec.model or DEFAULT_MODEL_DIR
+    if spec.model is None and not (model / "config.json").exists():
+        from common.tiny_model import make_tiny_model
+
+        log.info("making_tiny_model", path=str(model))
+        make_tiny_model(model)
+    router = f"tcp://127.0.0.1:{spec.router_port or free_port()}"
+    common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
+    commands = [["router", "--endpoint", router, "--policy", spec.router_policy,
+                 "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens)]]
+    commands += worker_commands(spec, model, router)
+    commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
+                     "--port", str(spec.port)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    children: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for cmd in commands:
+            children.append(subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
+                                             preexec_fn=_die_with_parent))
+        url = f"http://{spec.host}:{spec.port}"
+        ready = False
+        deadline = time.monotonic() + spec.ready_timeout_s
+        while not stopping:
+            if any(c.poll() is not None for c in children):
+                dead = [c.args[3] for c in children if c.poll() is not None]  # type: ignore[index]
+                log.error("child_exited", services=dead)
+                return 1
+            if not ready:
+                ready = _healthy(url)
+                if ready:
+                    log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
+                             prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated)
+                    print(f"splitserve is serving {url}/v1 (model {model.resolve().name!r}); Ctrl-C stops it",
+                          flush=True)
+                elif time.monotonic() > deadline:
+                    log.error("not_ready", timeout_s=spec.ready_timeout_s)
+                    return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        _stop_all(children)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop_all(children: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    # Frontend first (stops taking requests), then workers, then the router.
+    for child in reversed(children):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in reversed(children):
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    log.info("stopped", num_processes=len(children))

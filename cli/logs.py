@@ -1,0 +1,29 @@
+"""Logging is configured here, once per process: structlog, to stderr, JSON or console."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(level: str = "info", json: bool = False, service: str = "") -> None:
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if json:
+        processors.append(structlog.processors.format_exc_info)
+    if service:
+        processors.insert(0, lambda _logger, _name, event: {**event, "service": service})
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # vLLM and others use stdlib logging; keep them at warning unless asked.
+    logging.basicConfig(stream=sys.stderr, level=logging.getLevelName(level.upper()) if level == "debug" else logging.WARNING)

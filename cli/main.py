@@ -1,0 +1,200 @@
+"""splitserve's command line: one command per service (for systemd), `up` for a whole local graph.
+
+Only this package reads the environment and configures logging; services get frozen configs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.logs import configure_logging
+from cli.runner import run_service
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Disaggregated LLM serving.")
+model_app = typer.Typer(no_args_is_help=True, help="Model directories.")
+app.add_typer(model_app, name="model")
+
+DEFAULT_ROUTER = "tcp://127.0.0.1:5550"
+LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
+LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
+
+
+@app.command()
+def router(
+    endpoint: str = typer.Option(DEFAULT_ROUTER, envvar="SPLITSERVE_ROUTER", help="ZeroMQ bind address"),
+    policy: str = typer.Option("kv", help="kv | round-robin | random | least-loaded"),
+    local_prefill_max_tokens: int = typer.Option(256, help="Uncached prompt tokens at or below which the "
+                                                 "decode worker prefills locally"),
+    heartbeat_timeout_s: float = typer.Option(2.0, help="Drop a worker silent this long"),
+    metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Run the router: registry, prefix index, route decisions."""
+    from services.router.policy import PolicyConfig
+    from services.router.service import RouterConfig, RouterService
+
+    configure_logging(log_level, log_json, "router")
+    config = RouterConfig(endpoint=endpoint, heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
+                          policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens))
+    run_service(RouterService(config).run)
+
+
+@app.command()
+def worker(
+    model: Path = typer.Option(..., help="HF model directory"),
+    role: str = typer.Option("both", help="prefill | decode | both"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
+    served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
+    worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
+    engine: str = typer.Option("mock", help="mock | vllm"),
+    block_size: int = typer.Option(16),
+    num_blocks: Optional[int] = typer.Option(None, help="KV blocks (mock default 2048; vLLM: from memory)"),
+    max_num_seqs: int = typer.Option(64),
+    max_num_batched_tokens: int = typer.Option(2048),
+    mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
+    dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
+    nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
+    kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
+    core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router."""
+    from common.hashing import hash_seed
+    from common.tiny_model import validate_model_dir
+    from services.worker.service import WorkerConfig, WorkerService
+
+    configure_logging(log_level, log_json, f"worker-{role}")
+    if role not in ("prefill", "decode", "both"):
+        raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
+    info = validate_model_dir(model)
+    name = served_model_name or model.resolve().name
+    wid = worker_id or f"{role}-{os.getpid()}"
+    if engine == "mock":
+        from services.worker.mock.engine import MockEngine, MockEngineConfig
+        from services.worker.mock.timing import TimingModel
+
+        eng = MockEngine(MockEngineConfig(
+            num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=info.max_position_embeddings,
+            vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
+            hash_seed=hash_seed(name), timing=TimingModel(speedup=mock_speedup), engine_id=wid))
+    elif engine == "vllm":
+        from services.worker.vllm_engine import VllmEngine, VllmEngineConfig, engine_process_env
+
+        config = VllmEngineConfig(
+            model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
+                info.max_position_embeddings, 8192), max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(max_num_batched_tokens, 2048), kv_role=role, nixl_side_channel_port=nixl_port,
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid)
+        _reexec_with_engine_env(engine_process_env(config, core))
+        eng = VllmEngine(config)
+    else:
+        raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
+    service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
+                                         endpoint=endpoint, engine_kind=engine, hash_seed=hash_seed(name)), eng)
+    run_service(service.run)
+
+
+def _reexec_with_engine_env(env: dict[str, str]) -> None:
+    """LD_PRELOAD only takes effect at process start: re-exec once with the engine's environment."""
+    missing = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if not missing:
+        return
+    if os.environ.get("SPLITSERVE_REEXECED"):
+        os.environ.update(missing)  # already re-executed once; set what can still be set in-process
+        return
+    os.execve(sys.executable, [sys.executable, "-m", "cli.main", *sys.argv[1:]],
+              {**os.environ, **env, "SPLITSERVE_REEXECED": "1"})
+
+
+@app.command()
+def frontend(
+    model: Path = typer.Option(..., help="HF model directory (tokenizer, chat template)"),
+    served_model_name: Optional[str] = typer.Option(None),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
+    port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
+    max_body_mib: float = typer.Option(8.0, help="Largest request body accepted"),
+    migration_limit: int = typer.Option(3, help="Times a request may move after losing its worker"),
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Run the OpenAI-compatible HTTP frontend."""
+    from services.frontend.http import HttpConfig
+    from services.frontend.pipeline import PipelineConfig
+    from services.frontend.service import FrontendConfig, FrontendService
+
+    configure_logging(log_level, log_json, "frontend")
+    config = FrontendConfig(
+        model_name=served_model_name or model.resolve().name, model_dir=model,
+        pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit),
+        http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024)))
+    run_service(FrontendService(config).run)
+
+
+@app.command()
+def up(
+    model: Optional[Path] = typer.Option(None, help="HF model directory (default: the embedded tiny model)"),
+    engine: str = typer.Option("vllm", help="mock | vllm"),
+    prefill: int = typer.Option(1, help="Prefill workers"),
+    decode: int = typer.Option(1, help="Decode workers"),
+    aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)"),
+    router_policy: str = typer.Option("kv"),
+    local_prefill_max_tokens: int = typer.Option(256),
+    block_size: int = typer.Option(16),
+    num_blocks: Optional[int] = typer.Option(None),
+    mock_speedup: float = typer.Option(1.0),
+    dtype: str = typer.Option("auto"),
+    host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
+    port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
+    router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)"),
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Launch a whole local graph (router, workers, frontend) and stop it cleanly on Ctrl-C."""
+    from cli.launcher import GraphSpec, launch
+
+    configure_logging(log_level, log_json, "up")
+    spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
+                     num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
+                     local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
+                     mock_speedup=mock_speedup, dtype=dtype, host=host, port=port, router_port=router_port, log_level=log_level,
+                     log_json=log_json)
+    raise typer.Exit(launch(spec))
+
+
+@model_app.command("make-tiny")
+def make_tiny(
+    out: Path = typer.Option(Path("models/tiny"), help="Output directory"),
+    size: str = typer.Option("tiny", help="tiny (6.6M params) | 100m"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write a deterministic HF-format Llama directory (random weights, locally trained tokenizer)."""
+    from common.tiny_model import make_tiny_model
+
+    path = make_tiny_model(out, size=size, seed=seed)  # type: ignore[arg-type]
+    typer.echo(str(path))
+
+
+def frontend_main() -> None:
+    typer.run(frontend)
+
+
+def router_main() -> None:
+    typer.run(router)
+
+
+def worker_main() -> None:
+    typer.run(worker)
+
+
+if __name__ == "__main__":
+    app()

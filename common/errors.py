@@ -1,0 +1,42 @@
+"""Errors shared by every service. Each carries enough to be logged or turned into an HTTP reply."""
+
+
+class SplitserveError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ProtocolError(SplitserveError):
+    """A message that is not a known, well-formed wire message."""
+
+
+class TransportTimeout(SplitserveError):
+    """A request got no reply within its timeout."""
+
+
+class RemoteError(SplitserveError):
+    """The peer answered with an ErrorReply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class NoWorkerError(SplitserveError):
+    """No registered worker can take the request."""
+
+
+class RegistrationRefused(SplitserveError):
+    """The router refused a worker's registration (broken contract: block size, hash seed)."""
+
+
+class ModelError(SplitserveError):
+    """A model directory that is missing or broken."""
+
+
+class EngineError(SplitserveError):
+    """The engine failed a request or could not start."""
+
+
+class WorkerLost(SplitserveError):
+    """A worker stopped answering while it held a request."""

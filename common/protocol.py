@@ -1,0 +1,284 @@
+"""Every message that crosses a process boundary.
+
+Each message is a frozen, tagged ``msgspec.Struct`` encoded as msgpack. The tag is the class name, so a
+decoder built over the ``Message`` union decodes any of them and ``match`` dispatches on the type.
+Messages that expect a reply carry ``request_id``; replies echo it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+Role = Literal["prefill", "decode", "both"]
+Tier = Literal["device", "host", "disk"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class _Msg(msgspec.Struct, frozen=True, tag=True, array_like=False, omit_defaults=True):
+    pass
+
+
+# --------------------------------------------------------------------------------------------- shared parts
+
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    # Token ids that end generation (the model's EOS ids and any the user asked for).
+    stop_token_ids: tuple[int, ...] = ()
+
+
+class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where a prefilled request's KV lives and how to pull it (vLLM NixlConnector's fields, typed).
+
+    A prefill worker returns these with its first token; the decode worker's engine pulls the blocks.
+    """
+
+    remote_engine_id: str
+    remote_block_ids: tuple[int, ...]
+    remote_host: str = "127.0.0.1"
+    remote_port: int = 0
+    tp_size: int = 1
+    # The prefill worker's id for the request, when the engine names it differently from ours.
+    remote_request_id: str = ""
+    # Bytes of KV behind remote_block_ids (for metrics and the mock engine's transfer time).
+    num_bytes: int = 0
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    # Blocks held by sequences that are decoding (the router's load term).
+    num_active_blocks: int = 0
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    role: Role
+    model: str
+    block_size: int
+    num_blocks: int
+    # ZeroMQ endpoint of the worker's ROUTER socket for generate requests.
+    endpoint: str
+    engine: str = "mock"
+    # Seed mixed into block hashes (DESIGN §3); workers of one model must agree.
+    hash_seed: int = 0
+    max_model_len: int = 0
+
+
+# ------------------------------------------------------------------------------------------ worker <-> router
+
+
+class RegisterWorker(_Msg, frozen=True):
+    request_id: str
+    info: WorkerInfo
+
+
+class RegisterAck(_Msg, frozen=True):
+    request_id: str
+    worker_id: str
+
+
+class Heartbeat(_Msg, frozen=True):
+    worker_id: str
+    load: WorkerLoad
+    # Heartbeats are numbered so the router can tell a restarted worker from a late packet.
+    seq: int = 0
+
+
+class Unregister(_Msg, frozen=True):
+    worker_id: str
+
+
+# ---------------------------------------------------------------------------------------- frontend <-> router
+
+
+class RouteRequest(_Msg, frozen=True):
+    request_id: str
+    model: str
+    token_ids: tuple[int, ...]
+    # Workers the frontend wants avoided (e.g. one that just failed this request).
+    exclude_worker_ids: tuple[str, ...] = ()
+
+
+class WorkerRef(msgspec.Struct, frozen=True):
+    worker_id: str
+    endpoint: str
+
+
+class Route(_Msg, frozen=True):
+    request_id: str
+    decode: WorkerRef
+    # None: the decode worker prefills locally.
+    prefill: WorkerRef | None = None
+    num_cached_tokens_predicted: int = 0
+
+
+class ListWorkers(_Msg, frozen=True):
+    request_id: str
+
+
+class WorkerList(_Msg, frozen=True):
+    request_id: str
+    workers: tuple[WorkerInfo, ...]
+    loads: tuple[WorkerLoad, ...]
+
+
+# --------------------------------------------------------------------------------------- frontend <-> worker
+
+
+class Generate(_Msg, frozen=True):
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    # Prefill worker: compute the prompt, return the first token and where its KV lives.
+    prefill_only: bool = False
+    # Decode worker: pull the prompt's KV from here instead of computing it. token_ids then holds the
+    # prompt followed by the first token the prefill worker produced.
+    kv_transfer: KvTransferParams | None = None
+
+
+class Tokens(_Msg, frozen=True):
+    """A streamed slice of output; the last one has finish_reason set."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    # Set on a prefill-only request's final message.
+    kv_transfer: KvTransferParams | None = None
+    # Set when the request pulled KV remotely and the pull failed so the worker recomputed.
+    transfer_failed: bool = False
+
+
+class Abort(_Msg, frozen=True):
+    request_id: str
+
+
+class GetStats(_Msg, frozen=True):
+    request_id: str
+
+
+class WorkerStats(_Msg, frozen=True):
+    request_id: str
+    worker_id: str
+    load: WorkerLoad
+    num_prefix_hits: int = 0
+    num_transfers: int = 0
+    num_transfer_failures: int = 0
+    num_transfer_bytes: int = 0
+
+
+# ------------------------------------------------------------------------------- KV events (source -> router)
+# A source is a worker (tier "device") or kvtier ("host", "disk"). Hashes are common.hashing chained block
+# hashes (u64), never an engine's own. The three event kinds are tagged so msgspec can decode their union.
+
+
+class BlockStored(_Msg, frozen=True):
+    """Blocks now held in ``tier``, in chain order; ``parent_hash`` is the block before the first one
+    (None: the first block starts a prompt)."""
+
+    block_hashes: tuple[int, ...]
+    parent_hash: int | None
+    tier: Tier
+
+
+class BlockRemoved(_Msg, frozen=True):
+    block_hashes: tuple[int, ...]
+    tier: Tier
+
+
+class AllCleared(_Msg, frozen=True):
+    """Every block the source held in ``tier`` is gone (e.g. engine prefix-cache reset)."""
+
+    tier: Tier
+
+
+KvEvent = Union[BlockStored, BlockRemoved, AllCleared]
+
+
+class KvEvents(_Msg, frozen=True):
+    """One batch of a source's events, applied in order. ``event_id`` numbers batches per source from 0,
+    +1 per batch; a gap tells the router it lost some and must ask for a ``KvSnapshot``."""
+
+    worker_id: str
+    event_id: int
+    events: tuple[KvEvent, ...]
+
+
+class KvSnapshotRequest(_Msg, frozen=True):
+    request_id: str
+    worker_id: str
+
+
+class StoredBlock(msgspec.Struct, frozen=True, array_like=True):
+    """One held block in a snapshot; array_like because snapshots can carry millions of them."""
+
+    block_hash: int
+    parent_hash: int | None
+    tier: Tier
+
+
+class KvSnapshot(_Msg, frozen=True):
+    """Everything a source holds, in every tier: enough for the router to rebuild that source's entries."""
+
+    request_id: str
+    worker_id: str
+    # The last batch reflected here (-1: none published yet); batches after it apply on top.
+    event_id: int
+    tier_blocks: tuple[StoredBlock, ...]
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+
+class ErrorReply(_Msg, frozen=True):
+    request_id: str
+    code: str
+    message: str
+
+
+Message = Union[
+    RegisterWorker,
+    RegisterAck,
+    Heartbeat,
+    Unregister,
+    RouteRequest,
+    Route,
+    ListWorkers,
+    WorkerList,
+    Generate,
+    Tokens,
+    Abort,
+    GetStats,
+    WorkerStats,
+    KvEvents,
+    KvSnapshotRequest,
+    KvSnapshot,
+    ErrorReply,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one message; raises ``ProtocolError`` on anything that is not a known message."""
+    from common.errors import ProtocolError
+
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"undecodable message ({len(data)} bytes): {exc}") from exc

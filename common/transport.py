@@ -1,0 +1,209 @@
+"""A small transport over ZeroMQ: ROUTER servers, DEALER clients, msgpack messages from common.protocol.
+
+A ``Client`` is one DEALER connected to one server. It matches replies to requests by ``request_id``:
+``request`` awaits one reply, ``open_stream`` yields every reply for a request id until the caller closes it.
+A ``Server`` is one ROUTER: ``recv`` returns (peer identity, message) and ``send`` answers that peer.
+Malformed or oversized frames are logged and dropped; the socket keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from common import protocol
+from common.errors import ProtocolError, RemoteError, TransportTimeout
+from common.protocol import ErrorReply, Message
+
+log = structlog.get_logger(__name__)
+
+# Largest message a socket accepts; ZeroMQ drops the peer's frame above it. A 128k-token request is ~0.6 MiB.
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_ids = itertools.count()
+_pid = os.getpid()
+
+
+def new_id(prefix: str) -> str:
+    """A process-unique id; cheap (no uuid) because the frontend makes one per request."""
+    return f"{prefix}-{_pid:x}-{next(_ids):x}"
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # Messages queued per socket before send blocks (ZeroMQ high-water mark).
+    hwm: int = 100_000
+    # CURVE keys (z85 text) for sockets that cross hosts; None = plain TCP (loopback default).
+    curve_secret_key: bytes | None = None
+    curve_public_key: bytes | None = None
+    curve_server_key: bytes | None = None
+
+
+def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, config.hwm)
+    sock.setsockopt(zmq.RCVHWM, config.hwm)
+
+
+class Server:
+    """A ROUTER socket bound to ``endpoint``."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig()):
+        self._sock = ctx.socket(zmq.ROUTER)
+        _configure(self._sock, config)
+        if config.curve_secret_key is not None:
+            self._sock.curve_server = True
+            self._sock.curve_secretkey = config.curve_secret_key
+            self._sock.curve_publickey = config.curve_public_key
+        # A peer that reconnects with the same identity takes over its route instead of being refused.
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._sock.bind(endpoint)
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def recv(self) -> tuple[bytes, Message]:
+        """The next well-formed message; malformed ones are logged and skipped."""
+        while True:
+            frames = await self._sock.recv_multipart(copy=True)
+            if len(frames) != 2:
+                log.warning("dropped_frame", reason="expected identity + payload", num_frames=len(frames))
+                continue
+            try:
+                return frames[0], protocol.decode(frames[1])
+            except ProtocolError as exc:
+                log.warning("dropped_frame", reason=str(exc))
+
+    async def send(self, identity: bytes, msg: Message) -> None:
+        await self._sock.send_multipart((identity, protocol.encode(msg)), copy=True)
+
+    def send_nowait(self, identity: bytes, msg: Message) -> None:
+        """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths."""
+        self._sock.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class Client:
+    """A DEALER socket connected to one server, with request/reply and streams matched by request_id.
+
+    ``on_unsolicited`` receives messages whose request_id nobody waits for (e.g. a router telling a worker
+    it must register again).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        config: TransportConfig = TransportConfig(),
+        on_unsolicited: Callable[[Message], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._sock = ctx.socket(zmq.DEALER)
+        _configure(self._sock, config)
+        if config.curve_server_key is not None:
+            self._sock.curve_serverkey = config.curve_server_key
+            self._sock.curve_secretkey = config.curve_secret_key
+            self._sock.curve_publickey = config.curve_public_key
+        self._sock.connect(endpoint)
+        self._waiters: dict[str, asyncio.Future[Message]] = {}
+        self._streams: dict[str, asyncio.Queue[Message]] = {}
+        self._on_unsolicited = on_unsolicited
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._sock.recv(copy=True)
+                try:
+                    msg = protocol.decode(data)
+                except ProtocolError as exc:
+                    log.warning("dropped_frame", endpoint=self.endpoint, reason=str(exc))
+                    continue
+                self._deliver(msg)
+        except (asyncio.CancelledError, zmq.ContextTerminated):
+            pass
+        except Exception as exc:  # forward to everyone waiting, so nobody hangs on a dead reader
+            log.error("client_reader_failed", endpoint=self.endpoint, error=repr(exc))
+            for fut in self._waiters.values():
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+
+    def _deliver(self, msg: Message) -> None:
+        request_id = getattr(msg, "request_id", None)
+        queue = self._streams.get(request_id) if request_id is not None else None
+        if queue is not None:
+            queue.put_nowait(msg)
+            return
+        fut = self._waiters.pop(request_id, None) if request_id is not None else None
+        if fut is not None:
+            if not fut.done():
+                if isinstance(msg, ErrorReply):
+                    fut.set_exception(RemoteError(msg.code, msg.message))
+                else:
+                    fut.set_result(msg)
+            return
+        if self._on_unsolicited is not None:
+            self._on_unsolicited(msg)
+
+    def send_nowait(self, msg: Message) -> None:
+        self._sock.send(protocol.encode(msg), copy=True, flags=zmq.NOBLOCK)
+
+    async def send(self, msg: Message) -> None:
+        await self._sock.send(protocol.encode(msg), copy=True)
+
+    async def request(self, msg: Message, timeout_s: float) -> Message:
+        """Send ``msg`` (which has a request_id) and await its one reply."""
+        self.start()
+        request_id = msg.request_id  # type: ignore[union-attr]
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = fut
+        try:
+            await self.send(msg)
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise TransportTimeout(f"no reply from {self.endpoint} within {timeout_s}s") from exc
+        finally:
+            self._waiters.pop(request_id, None)
+
+    def open_stream(self, request_id: str) -> asyncio.Queue[Message]:
+        """Every message for ``request_id`` lands in the returned queue until ``close_stream``."""
+        self.start()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def fail_streams(self, exc: Exception) -> None:
+        """Wake every open stream with an error message (the peer is gone)."""
+        for request_id, queue in self._streams.items():
+            queue.put_nowait(ErrorReply(request_id=request_id, code="worker_lost", message=str(exc)))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._sock.close(linger=0)
+

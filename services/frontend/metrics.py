@@ -1,0 +1,38 @@
+"""Frontend metrics (``splitserve_frontend_*``), in a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class FrontendMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("splitserve_frontend_requests", "HTTP requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.inflight = Gauge("splitserve_frontend_inflight_requests", "Generate requests in flight", registry=r)
+        self.ttft_seconds = Histogram("splitserve_frontend_ttft_seconds", "Time to first token",
+                                      buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.itl_seconds = Histogram("splitserve_frontend_itl_seconds", "Inter-token latency",
+                                     buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.e2e_seconds = Histogram("splitserve_frontend_request_seconds", "Request latency, end to end",
+                                     buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.prompt_tokens = Counter("splitserve_frontend_prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_tokens = Counter("splitserve_frontend_cached_prompt_tokens",
+                                     "Prompt tokens served from a prefix cache", registry=r)
+        self.output_tokens = Counter("splitserve_frontend_output_tokens", "Generated tokens", registry=r)
+        self.cancelled = Counter("splitserve_frontend_cancelled_requests", "Requests whose client hung up",
+                                 registry=r)
+        self.prefill_decisions = Counter("splitserve_frontend_prefill_decisions",
+                                         "Where prefill ran", ["where"], registry=r)
+        self.prefill_fallbacks = Counter("splitserve_frontend_prefill_fallbacks",
+                                         "Remote prefills that failed and ran on the decode worker", registry=r)
+        self.transfer_failures = Counter("splitserve_frontend_kv_transfer_failures",
+                                         "KV pulls that failed and were recomputed", registry=r)
+        self.migrations = Counter("splitserve_frontend_migrations", "Requests moved after losing a worker",
+                                  registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

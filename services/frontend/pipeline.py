@@ -1,0 +1,201 @@
+"""The frontend's side of a request: route it, run remote prefill if chosen, stream decode, clean up.
+
+``Pipeline.generate`` yields ``Tokens`` slices for one request. Leaving the iterator early (client gone,
+stop string) aborts the request on whichever worker holds it, so every block it held is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import structlog
+import zmq.asyncio
+from msgspec.structs import replace
+
+from common.errors import NoWorkerError, RemoteError, TransportTimeout, WorkerLost
+from common.protocol import (
+    Abort,
+    ErrorReply,
+    Generate,
+    KvTransferParams,
+    ListWorkers,
+    Route,
+    RouteRequest,
+    SamplingParams,
+    Tokens,
+    WorkerList,
+)
+from common.transport import Client, TransportConfig, new_id
+from services.frontend.metrics import FrontendMetrics
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    router_endpoint: str
+    route_timeout_s: float = 5.0
+    # Longest wait for the prefill worker's first token (queueing included).
+    prefill_timeout_s: float = 120.0
+    # Longest silence from a worker inside one request before it counts as lost.
+    stream_idle_timeout_s: float = 120.0
+    # How often a request may be moved to another worker after its worker was lost.
+    migration_limit: int = 3
+    transport: TransportConfig = TransportConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefilled:
+    first_token_id: int
+    kv_transfer: KvTransferParams | None
+    finish_reason: str | None
+    num_cached_tokens: int
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig, metrics: FrontendMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._ctx = zmq.asyncio.Context()
+        self._router = Client(self._ctx, config.router_endpoint, config.transport)
+        self._workers: dict[str, Client] = {}
+
+    async def close(self) -> None:
+        await self._router.close()
+        for client in self._workers.values():
+            await client.close()
+        self._ctx.term()
+
+    def _client(self, endpoint: str) -> Client:
+        client = self._workers.get(endpoint)
+        if client is None:
+            client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport)
+            client.start()
+        return client
+
+    async def list_workers(self, timeout_s: float = 1.0) -> WorkerList:
+        reply = await self._router.request(ListWorkers(request_id=new_id("ls")), timeout_s)
+        assert isinstance(reply, WorkerList)
+        return reply
+
+    async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
+                    exclude: tuple[str, ...] = ()) -> Route:
+        try:
+            reply = await self._router.request(
+                RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude),
+                self.config.route_timeout_s)
+        except RemoteError as exc:
+            raise NoWorkerError(exc.message) from exc
+        except TransportTimeout as exc:
+            raise NoWorkerError(f"router did not answer: {exc}") from exc
+        assert isinstance(reply, Route)
+        return reply
+
+    async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...],
+                       sampling: SamplingParams) -> AsyncIterator[Tokens]:
+        """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost."""
+        generated: list[int] = []
+        excluded: tuple[str, ...] = ()
+        num_cached = -1
+        for attempt in range(self.config.migration_limit + 1):
+            # A migrated request resumes from the prompt plus what was already streamed.
+            prompt = token_ids + tuple(generated)
+            remaining = replace(sampling, max_tokens=sampling.max_tokens - len(generated))
+            route = await self.route(request_id, model, prompt, excluded)
+            try:
+                async for out in self._run(request_id, prompt, remaining, route):
+                    generated.extend(out.token_ids)
+                    if num_cached < 0:
+                        num_cached = out.num_cached_tokens
+                    yield replace(out, num_prompt_tokens=len(token_ids), num_cached_tokens=max(num_cached, 0))
+                    if out.finish_reason is not None:
+                        return
+                return
+            except WorkerLost as exc:
+                excluded = excluded + (route.decode.worker_id,)
+                self.metrics.migrations.inc()
+                log.warning("request_migrating", request_id=request_id, attempt=attempt + 1, reason=str(exc),
+                            num_generated=len(generated))
+        raise WorkerLost(f"request {request_id} lost its worker {self.config.migration_limit + 1} times")
+
+    async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
+                   route: Route) -> AsyncIterator[Tokens]:
+        kv_transfer = None
+        if route.prefill is not None:
+            self.metrics.prefill_decisions.labels(where="remote").inc()
+            prefilled = await self._prefill(request_id, prompt, sampling, route)
+            if prefilled is not None:
+                first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
+                               finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
+                               num_cached_tokens=prefilled.num_cached_tokens)
+                yield first
+                if prefilled.finish_reason is not None:
+                    return
+                # Without transfer params the decode worker recomputes the prompt: slower, still correct.
+                prompt = prompt + (prefilled.first_token_id,)
+                sampling = replace(sampling, max_tokens=sampling.max_tokens - 1)
+                kv_transfer = prefilled.kv_transfer
+        else:
+            self.metrics.prefill_decisions.labels(where="local").inc()
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, kv_transfer=kv_transfer)
+        async for out in self._stream(self._client(route.decode.endpoint), msg):
+            if out.transfer_failed:
+                self.metrics.transfer_failures.inc()
+            yield out
+
+    async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
+                       route: Route) -> _Prefilled | None:
+        """Run the prompt on the prefill worker; None means it failed and the decode worker prefills."""
+        assert route.prefill is not None
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=replace(sampling, max_tokens=1),
+                       prefill_only=True)
+        try:
+            async for out in self._stream(self._client(route.prefill.endpoint), msg,
+                                          idle_timeout_s=self.config.prefill_timeout_s):
+                if out.finish_reason is None:
+                    continue
+                if not out.token_ids or out.finish_reason not in ("stop", "length"):
+                    return None
+                # The prefill ran with max_tokens=1, so its "length" ends the request only if the client
+                # asked for one token; "stop" (an EOS token) always does.
+                finish = "stop" if out.finish_reason == "stop" else ("length" if sampling.max_tokens <= 1 else None)
+                return _Prefilled(first_token_id=out.token_ids[0], kv_transfer=out.kv_transfer,
+                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens)
+        except (WorkerLost, RemoteError) as exc:
+            self.metrics.prefill_fallbacks.inc()
+            log.warning("prefill_failed_local_fallback", request_id=request_id, worker=route.prefill.worker_id,
+                        reason=str(exc))
+        return None
+
+    async def _stream(self, client: Client, msg: Generate, idle_timeout_s: float | None = None) -> AsyncIterator[Tokens]:
+        timeout_s = idle_timeout_s or self.config.stream_idle_timeout_s
+        queue = client.open_stream(msg.request_id)
+        finished = False
+        try:
+            client.send_nowait(msg)
+            while True:
+                try:
+                    reply = await asyncio.wait_for(queue.get(), timeout_s)
+                except asyncio.TimeoutError as exc:
+                    raise WorkerLost(f"{client.endpoint} silent for {timeout_s}s") from exc
+                match reply:
+                    case Tokens():
+                        if reply.finish_reason is not None:
+                            finished = True
+                        yield reply
+                        if finished:
+                            return
+                    case ErrorReply(code="worker_lost"):
+                        raise WorkerLost(reply.message)
+                    case ErrorReply():
+                        finished = True  # the worker already dropped the request
+                        raise RemoteError(reply.code, reply.message)
+        finally:
+            client.close_stream(msg.request_id)
+            if not finished:
+                try:
+                    client.send_nowait(Abort(request_id=msg.request_id))
+                except Exception:  # the worker is gone; its blocks went with it
+                    pass

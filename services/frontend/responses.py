@@ -1,0 +1,74 @@
+"""OpenAI response bodies for chat and text completions, whole and as SSE chunks.
+
+The per-token chunk is on the hot path: its constant parts are built once per request as bytes and only the
+text is JSON-encoded per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseShape:
+    id: str
+    model: str
+    is_chat: bool
+    created: int
+    _head: bytes  # b'data: {"id":...,"choices":[{"index":0,' up to the delta/text field
+    _tail: bytes
+
+    @classmethod
+    def chat(cls, request_id: str, model: str) -> ResponseShape:
+        return cls._make(request_id, model, True, b"chat.completion.chunk", b'"delta":{"content":', b"}")
+
+    @classmethod
+    def completion(cls, request_id: str, model: str) -> ResponseShape:
+        return cls._make(request_id, model, False, b"text_completion", b'"text":', b"")
+
+    @classmethod
+    def _make(cls, request_id: str, model: str, is_chat: bool, obj: bytes, field: bytes, close: bytes):
+        created = int(time.time())
+        head = (b'data: {"id":' + orjson.dumps(request_id) + b',"object":"' + obj + b'","created":'
+                + str(created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[{"index":0,' + field)
+        tail = close + b',"logprobs":null,"finish_reason":null}]}\n\n'
+        return cls(request_id, model, is_chat, created, head, tail)
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.is_chat else "text_completion",
+                                "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def first_chunk(self) -> bytes:
+        """Chat streams open with the assistant role; text completions have no opening chunk."""
+        if not self.is_chat:
+            return b""
+        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def delta_chunk(self, text: str) -> bytes:
+        return self._head + orjson.dumps(text) + self._tail
+
+    def final_chunks(self, finish_reason: str, usage: dict[str, Any] | None) -> bytes:
+        empty = {"delta": {}} if self.is_chat else {"text": ""}
+        out = self._chunk([{"index": 0, **empty, "logprobs": None, "finish_reason": finish_reason}])
+        if usage is not None:
+            out += self._chunk([], usage)
+        return out + b"data: [DONE]\n\n"
+
+    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any]) -> bytes:
+        if self.is_chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                             "choices": [choice], "usage": usage})

@@ -1,0 +1,244 @@
+"""The frontend process: OpenAI-compatible HTTP API over the pipeline to router and workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import structlog
+
+from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
+from common.transport import new_id
+from services.frontend.http import HttpConfig, Request, Response, serve
+from services.frontend.metrics import FrontendMetrics
+from services.frontend.openai_api import (
+    ApiError,
+    completion_prompt,
+    message_dicts,
+    parse_chat,
+    parse_completion,
+    sampling_params,
+    stop_strings,
+)
+from services.frontend.pipeline import Pipeline, PipelineConfig
+from services.frontend.responses import ResponseShape
+from services.frontend.tokenizer import ModelTokenizer
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    model_name: str
+    model_dir: Path
+    pipeline: PipelineConfig
+    http: HttpConfig = field(default_factory=HttpConfig)
+    # Seconds a /health or /v1/models answer from the router is reused.
+    worker_list_ttl_s: float = 0.5
+
+
+class FrontendService:
+    def __init__(self, config: FrontendConfig) -> None:
+        self.config = config
+        self.tokenizer = ModelTokenizer(config.model_dir)
+        self.metrics = FrontendMetrics()
+        self.pipeline = Pipeline(config.pipeline, self.metrics)
+        self.port = 0
+        self._workers_cache: tuple[float, int] = (0.0, 0)  # (monotonic time, decode-capable workers)
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        def started(port: int) -> None:
+            self.port = port
+            log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
+                     model=self.config.model_name)
+            if ready is not None:
+                ready.set()
+
+        try:
+            await serve(self.handle, self.config.http, self._on_handler_error, started)
+        finally:
+            await self.pipeline.close()
+
+    # ------------------------------------------------------------------------------------------- dispatch
+    async def handle(self, req: Request, resp: Response) -> None:
+        endpoint = req.path
+        try:
+            match (req.method, req.path):
+                case ("POST", "/v1/chat/completions"):
+                    await self._chat(req, resp)
+                case ("POST", "/v1/completions"):
+                    await self._completion(req, resp)
+                case ("GET", "/v1/models"):
+                    resp.send(200, self._models())
+                case ("GET", "/health"):
+                    await self._health(resp)
+                case ("GET", "/metrics"):
+                    resp.send(200, self.metrics.render(), b"text/plain; version=0.0.4")
+                case (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics"):
+                    raise ApiError(405, f"method {req.method} not allowed on {req.path}")
+                case _:
+                    endpoint = "other"
+                    raise ApiError(404, f"no route {req.method} {req.path}", code="not_found")
+        except ApiError as exc:
+            self._send_error(resp, exc)
+        self.metrics.requests.labels(endpoint=endpoint, status=str(resp.status)).inc()
+
+    def _send_error(self, resp: Response, exc: ApiError) -> None:
+        if resp.done or resp.disconnected:
+            return
+        resp.send(exc.status, exc.body(), headers=exc.headers)
+
+    def _on_handler_error(self, resp: Response, exc: BaseException) -> None:
+        log.exception("handler_crashed", error=repr(exc))
+        self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
+
+    def _models(self) -> bytes:
+        return orjson.dumps({"object": "list", "data": [
+            {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "splitserve"}]})
+
+    async def _health(self, resp: Response) -> None:
+        now = time.monotonic()
+        checked_at, num_decode = self._workers_cache
+        if now - checked_at > self.config.worker_list_ttl_s:
+            try:
+                workers = await self.pipeline.list_workers()
+                num_decode = sum(1 for w in workers.workers
+                                 if w.role in ("decode", "both") and w.model == self.config.model_name)
+            except SplitserveError:
+                num_decode = 0
+            self._workers_cache = (now, num_decode)
+        if num_decode:
+            resp.send(200, orjson.dumps({"status": "ok", "num_decode_workers": num_decode}))
+        else:
+            resp.send(503, orjson.dumps({"status": "unavailable", "num_decode_workers": 0}))
+
+    # ----------------------------------------------------------------------------------------- generation
+    def _check_model(self, model: str) -> None:
+        if model != self.config.model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.config.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """Checks the prompt fits the context; returns max_tokens (default: the rest of the context)."""
+        max_len = self.tokenizer.max_model_len
+        if num_prompt_tokens >= max_len:
+            raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this model's context is {max_len} tokens",
+                           param="messages", code="context_length_exceeded")
+        if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
+            raise ApiError(400, f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                           f"the context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
+        return max_tokens if max_tokens is not None else max_len - num_prompt_tokens
+
+    async def _chat(self, req: Request, resp: Response) -> None:
+        body = parse_chat(req.body)
+        self._check_model(body.model)
+        try:
+            prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages))
+        except Exception as exc:
+            raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        if requested is not None and requested < 1:
+            raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
+        max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
+        shape = ResponseShape.chat(new_id("chatcmpl"), body.model)
+        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
+
+    async def _completion(self, req: Request, resp: Response) -> None:
+        body = parse_completion(req.body)
+        self._check_model(body.model)
+        prompt = completion_prompt(body.prompt)
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            if max(prompt) >= self.tokenizer.vocab_size:
+                raise ApiError(400, f"token id {max(prompt)} is outside the vocabulary "
+                               f"({self.tokenizer.vocab_size})", param="prompt")
+            token_ids = prompt
+        if not token_ids:
+            raise ApiError(400, "prompt encodes to no tokens", param="prompt")
+        # OpenAI's completions default is 16 tokens.
+        max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
+        shape = ResponseShape.completion(new_id("cmpl"), body.model)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
+
+    async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
+                        stop: tuple[str, ...], body) -> None:
+        start_s = time.perf_counter()
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        detok = self.tokenizer.decoder()
+        texts: list[str] = []
+        num_output = 0
+        num_cached = 0
+        finish = "length"
+        last_s = 0.0
+        self.metrics.inflight.inc()
+        try:
+            gen = self.pipeline.generate(shape.id, body.model, token_ids, sampling)
+            async with aclosing(gen):
+                async for out in gen:
+                    now_s = time.perf_counter()
+                    if num_output == 0:
+                        self.metrics.ttft_seconds.observe(now_s - start_s)
+                        num_cached = out.num_cached_tokens
+                    elif out.token_ids:
+                        self.metrics.itl_seconds.observe((now_s - last_s) / len(out.token_ids))
+                    last_s = now_s
+                    num_output += len(out.token_ids)
+                    step = detok.feed(out.token_ids, stop)
+                    done = step.stopped or out.finish_reason is not None
+                    text = step.text if step.stopped or out.finish_reason is None else step.text + detok.flush()
+                    if step.stopped:
+                        finish = "stop"
+                    elif out.finish_reason is not None:
+                        finish = "stop" if out.finish_reason == "stop" else "length"
+                    if body.stream:
+                        # Headers wait for the first token, so routing failures still get a real status.
+                        if not resp.started:
+                            resp.start(200, b"text/event-stream")
+                            await resp.write(shape.first_chunk())
+                        if text:
+                            await resp.write(shape.delta_chunk(text))
+                    else:
+                        texts.append(text)
+                    if done:
+                        break
+        except NoWorkerError as exc:
+            self._fail(resp, body.stream, ApiError(503, f"no worker available: {exc}", code="no_worker",
+                                                   type_="server_error", headers=((b"retry-after", b"1"),)))
+            return
+        except (WorkerLost, RemoteError) as exc:
+            log.warning("request_failed", request_id=shape.id, error=str(exc))
+            self._fail(resp, body.stream, ApiError(503, f"request failed: {exc}", code="worker_failed",
+                                                   type_="server_error", headers=((b"retry-after", b"1"),)))
+            return
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.metrics.cancelled.inc()
+            raise
+        finally:
+            self.metrics.inflight.dec()
+        self.metrics.e2e_seconds.observe(time.perf_counter() - start_s)
+        self.metrics.prompt_tokens.inc(len(token_ids))
+        self.metrics.cached_tokens.inc(num_cached)
+        self.metrics.output_tokens.inc(num_output)
+        usage = {"prompt_tokens": len(token_ids), "completion_tokens": num_output,
+                 "total_tokens": len(token_ids) + num_output, "prompt_tokens_details": {"cached_tokens": num_cached}}
+        if body.stream:
+            if not resp.started:
+                resp.start(200, b"text/event-stream")
+                await resp.write(shape.first_chunk())
+            resp.end(shape.final_chunks(finish, usage if include_usage else None))
+        else:
+            resp.send(200, shape.full_response("".join(texts), finish, usage))
+
+    def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
+        if streaming and resp.started and not resp.done and not resp.disconnected:
+            # Headers are out: report the error in-band, as OpenAI does, then end the stream.
+            resp.end(b"data: " + exc.body() + b"\n\ndata: [DONE]\n\n")
+        else:
+            self._send_error(resp, exc)

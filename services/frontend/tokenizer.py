@@ -1,0 +1,155 @@
+"""Text in and out: the model's tokenizer, its chat template and incremental detokenization.
+
+Reads the standard files of a Hugging Face model directory (tokenizer.json, tokenizer_config.json,
+config.json, generation_config.json); any directory vLLM can serve works here too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from common.errors import ModelError
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [int(value)]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    text: str
+    token_ids: list[int]
+
+
+class ModelTokenizer:
+    """Tokenizer, chat template and stop ids of one model directory."""
+
+    def __init__(self, model_dir: Path) -> None:
+        model_dir = Path(model_dir)
+        if not (model_dir / "tokenizer.json").is_file():
+            raise ModelError(f"{model_dir} has no tokenizer.json (a Hugging Face fast-tokenizer file is needed)")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:
+            raise ModelError(f"{model_dir}/tokenizer.json could not be loaded: {exc}") from exc
+        config = _read_json(model_dir / "config.json")
+        tok_config = _read_json(model_dir / "tokenizer_config.json")
+        gen_config = _read_json(model_dir / "generation_config.json")
+        self.max_model_len = int(config.get("max_position_embeddings") or tok_config.get("model_max_length") or 4096)
+        eos_ids = _as_list(gen_config.get("eos_token_id")) or _as_list(config.get("eos_token_id"))
+        eos_token = tok_config.get("eos_token")
+        if isinstance(eos_token, dict):
+            eos_token = eos_token.get("content")
+        if eos_token and (eos_id := self.tokenizer.token_to_id(eos_token)) is not None and eos_id not in eos_ids:
+            eos_ids.append(eos_id)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
+        self.vocab_size = int(config.get("vocab_size") or self.tokenizer.get_vocab_size())
+        template = tok_config.get("chat_template")
+        if isinstance(template, list):  # the named-templates form: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (model_dir / "chat_template.jinja").is_file():
+            template = (model_dir / "chat_template.jinja").read_text()
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        try:
+            self._template = env.from_string(template) if template else None
+        except jinja2.TemplateError as exc:
+            raise ModelError(f"{model_dir}: chat template does not compile: {exc}") from exc
+        self._special = {"bos_token": tok_config.get("bos_token") or "", "eos_token": eos_token or ""}
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ChatPrompt:
+        if self._template is None:
+            raise ModelError("this model has no chat template; use /v1/completions")
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     **self._special)
+        return ChatPrompt(text=text, token_ids=self.encode(text))
+
+    def decoder(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer)
+
+
+def _raise_template_error(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text, never emitting half a UTF-8 character.
+
+    Stop strings are found across chunk boundaries: text that could still be the start of a stop string is
+    held back until it is decided.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._pending = ""  # decoded but held back: could be the start of a stop string
+
+    def feed(self, token_ids: tuple[int, ...] | list[int], stop: tuple[str, ...] = ()) -> StepText:
+        step = self._stream.step
+        tok = self._tokenizer
+        parts = [self._pending]
+        for token_id in token_ids:
+            piece = step(tok, token_id)
+            if piece:
+                parts.append(piece)
+        text = "".join(parts)
+        if not stop:
+            self._pending = ""
+            return StepText(text=text, stopped=False)
+        for s in stop:
+            at = text.find(s)
+            if at >= 0:
+                self._pending = ""
+                return StepText(text=text[:at], stopped=True)
+        hold = _longest_stop_prefix_suffix(text, stop)
+        self._pending = text[len(text) - hold:] if hold else ""
+        return StepText(text=text[: len(text) - hold], stopped=False)
+
+    def flush(self) -> str:
+        """Text held back for a stop string that never completed."""
+        text, self._pending = self._pending, ""
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class StepText:
+    text: str
+    # A stop string was found: text ends just before it and generation must end.
+    stopped: bool
+
+
+def _longest_stop_prefix_suffix(text: str, stop: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

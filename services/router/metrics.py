@@ -1,0 +1,64 @@
+"""Router metrics (``splitserve_router_*``), in a registry of its own so tests can run several routers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from common.protocol import WorkerLoad
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.routes = Counter("splitserve_router_routes", "Route decisions", ["prefill"], registry=r)
+        self.routes_failed = Counter("splitserve_router_routes_failed", "Routes with no worker", registry=r)
+        self.decision_seconds = Histogram(
+            "splitserve_router_decision_seconds", "Time to hash, look up and choose", registry=r,
+            buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2),
+        )
+        self.predicted_hit_blocks = Counter(
+            "splitserve_router_predicted_hit_blocks", "Request blocks predicted cached on the chosen worker",
+            registry=r)
+        self.request_blocks = Counter("splitserve_router_request_blocks", "Full blocks in routed prompts",
+                                      registry=r)
+        self.best_overlap_blocks = Counter(
+            "splitserve_router_best_overlap_blocks", "Device overlap of the best worker, chosen or not",
+            registry=r)
+        self.events_applied = Counter("splitserve_router_kv_events_applied", "KV events applied", registry=r)
+        self.event_gaps = Counter("splitserve_router_kv_event_gaps", "Event-number gaps (snapshot asked)",
+                                  registry=r)
+        self.registrations_refused = Counter("splitserve_router_registrations_refused",
+                                             "Registrations refused for a broken contract", registry=r)
+        self.worker_free_blocks = Gauge("splitserve_router_worker_free_blocks", "Free KV blocks per worker",
+                                        ["worker_id"], registry=r)
+        self.worker_running = Gauge("splitserve_router_worker_running", "Running requests per worker",
+                                    ["worker_id"], registry=r)
+        self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
+                                    ["worker_id"], registry=r)
+
+    def observe_route(self, choice, overlaps: Mapping, num_blocks: int, seconds: float) -> None:
+        self.routes.labels(prefill="remote" if choice.prefill_worker_id else "local").inc()
+        self.decision_seconds.observe(seconds)
+        self.request_blocks.inc(num_blocks)
+        chosen = overlaps.get(choice.decode_worker_id)
+        if chosen is not None:
+            self.predicted_hit_blocks.inc(chosen.device)
+        if overlaps:
+            self.best_overlap_blocks.inc(max(o.device for o in overlaps.values()))
+
+    def observe_load(self, worker_id: str, load: WorkerLoad) -> None:
+        self.worker_free_blocks.labels(worker_id=worker_id).set(load.num_free_blocks)
+        self.worker_running.labels(worker_id=worker_id).set(load.num_running)
+        self.worker_waiting.labels(worker_id=worker_id).set(load.num_waiting)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for gauge in (self.worker_free_blocks, self.worker_running, self.worker_waiting):
+            try:
+                gauge.remove(worker_id)
+            except KeyError:
+                pass
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,219 @@
+"""Routing decisions: which decode worker, and whether (and where) to prefill remotely (DESIGN §2, §3).
+
+Everything here is a pure function of its arguments except ``Policy``, which only adds the round-robin
+counters and the random generator. Overlaps come from the prefix index; loads from the workers' reports.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from common.errors import NoWorkerError
+from common.protocol import WorkerLoad
+from services.router.index import NO_OVERLAP, TierOverlap
+
+PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
+# lowest_cost / sampled: kv policy at temperature 0 / above 0; the others name their policy.
+ChoiceReason = Literal["lowest_cost", "sampled", "round_robin", "random", "least_loaded"]
+PrefillReason = Literal["no_prefill_pool", "short_uncached", "prefill_saturated", "remote"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    worker_id: str
+    load: WorkerLoad
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    policy: PolicyName = "kv"
+    # Weight of the prefill term (blocks to compute) against the decode term (active KV blocks).
+    prefill_weight: float = 1.0
+    # Blocks' worth of prefill a reusable host / disk block saves (a device block saves 1).
+    host_credit: float = 0.75
+    disk_credit: float = 0.25
+    # Fraction of KV blocks in use above which a worker is skipped, unless every worker is above it.
+    busy_threshold: float = 0.95
+    # 0: always the lowest cost. Above 0: sample softmax(-normalised cost / temperature).
+    temperature: float = 0.0
+    # Uncached prompt tokens at or below which the decode worker prefills locally.
+    local_prefill_max_tokens: int = 256
+    # The prefill pool is saturated when every prefill worker has at least this many requests waiting.
+    prefill_queue_limit: int = 8
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("kv", "round-robin", "random", "least-loaded"):
+            raise ValueError(f"unknown routing policy {self.policy!r}")
+        if self.temperature < 0 or self.prefill_weight < 0:
+            raise ValueError("temperature and prefill_weight must be >= 0")
+
+
+@dataclass(frozen=True)
+class Choice:
+    worker_id: str
+    # The chosen worker's kv cost (computed for every policy, so policies can be compared on it).
+    cost: float
+    # Credit (blocks' worth of prefill saved) on the chosen worker, and the best credit among the
+    # workers the policy could choose from: their gap is the "chosen vs best overlap" metric.
+    overlap_blocks: float
+    reason: ChoiceReason
+    best_overlap_blocks: float = 0.0
+    # Every candidate was over the busy threshold, so none was skipped.
+    all_busy: bool = False
+
+
+@dataclass(frozen=True)
+class PrefillDecision:
+    remote: bool
+    reason: PrefillReason
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    decode_worker_id: str
+    # None: the decode worker prefills locally.
+    prefill_worker_id: str | None
+    # Prompt tokens predicted reusable (any tier) on the worker that prefills.
+    num_cached_tokens_predicted: int
+    reason: PrefillReason
+    decode: Choice
+    prefill: Choice | None = None
+
+
+def load_key(load: WorkerLoad) -> tuple[int, int]:
+    """Lower is less loaded: requests in the engine (running + waiting), then active KV blocks."""
+    return (load.num_running + load.num_waiting, load.num_active_blocks)
+
+
+def is_busy(load: WorkerLoad, threshold: float) -> bool:
+    if load.num_total_blocks <= 0:
+        return False  # no capacity figure yet: nothing says it is full
+    used = load.num_total_blocks - load.num_free_blocks
+    return used / load.num_total_blocks > threshold
+
+
+def kv_cost(load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig) -> tuple[float, float]:
+    """(cost, credit): cost = prefill_weight * max(new_blocks - credit, 0) + active decode blocks."""
+    credit = overlap.credit(config.host_credit, config.disk_credit)
+    return config.prefill_weight * max(num_request_blocks - credit, 0.0) + load.num_active_blocks, credit
+
+
+def choose_worker(
+    candidates: Sequence[Candidate],
+    overlaps: Mapping[str, TierOverlap],
+    num_request_blocks: int,
+    config: PolicyConfig,
+    rng: random.Random,
+    rr_index: int,
+) -> Choice:
+    """One worker from ``candidates`` by ``config.policy``; raises NoWorkerError when there is none."""
+    if not candidates:
+        raise NoWorkerError("no candidate worker")
+    # Sorted by id so every policy is independent of the caller's order (and so reproducible).
+    ordered = sorted(candidates, key=lambda c: c.worker_id)
+    eligible = [c for c in ordered if not is_busy(c.load, config.busy_threshold)]
+    all_busy = not eligible
+    pool = ordered if all_busy else eligible
+    scored = [(c, *kv_cost(c.load, overlaps.get(c.worker_id, NO_OVERLAP), num_request_blocks, config)) for c in pool]
+    best_credit = max(credit for _, _, credit in scored)
+
+    reason: ChoiceReason
+    match config.policy:
+        case "round-robin":
+            index, reason = rr_index % len(scored), "round_robin"
+        case "random":
+            index, reason = rng.randrange(len(scored)), "random"
+        case "least-loaded":
+            index = min(range(len(scored)), key=lambda i: (load_key(scored[i][0].load), scored[i][0].worker_id))
+            reason = "least_loaded"
+        case _ if config.temperature > 0:
+            index, reason = _sample([cost for _, cost, _ in scored], config.temperature, rng), "sampled"
+        case _:
+            index = min(
+                range(len(scored)),
+                key=lambda i: (scored[i][1], load_key(scored[i][0].load), scored[i][0].worker_id),
+            )
+            reason = "lowest_cost"
+    chosen, cost, credit = scored[index]
+    return Choice(chosen.worker_id, cost, credit, reason, best_credit, all_busy)
+
+
+def _sample(costs: list[float], temperature: float, rng: random.Random) -> int:
+    """Index drawn with weight exp(-(cost / max cost) / temperature): lower cost, likelier."""
+    top = max(costs)
+    weights = [math.exp(-(c / top if top > 0 else 0.0) / temperature) for c in costs]
+    point = rng.random() * sum(weights)
+    for index, weight in enumerate(weights):
+        point -= weight
+        if point < 0:
+            return index
+    return len(costs) - 1  # float rounding left a sliver
+
+
+def decide_prefill(
+    num_prompt_tokens: int,
+    num_cached_tokens_on_decode: int,
+    prefill_candidates: Sequence[Candidate],
+    config: PolicyConfig,
+) -> PrefillDecision:
+    """Local prefill on the decode worker, or remote on the prefill pool (checked in this order)."""
+    if not prefill_candidates:
+        return PrefillDecision(False, "no_prefill_pool")
+    if num_prompt_tokens - num_cached_tokens_on_decode <= config.local_prefill_max_tokens:
+        return PrefillDecision(False, "short_uncached")
+    if all(c.load.num_waiting >= config.prefill_queue_limit for c in prefill_candidates):
+        return PrefillDecision(False, "prefill_saturated")
+    return PrefillDecision(True, "remote")
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig, seed: int = 0) -> None:
+        self.config = config
+        self._rng = random.Random(seed)
+        # Separate counters: round-robin over decode workers must not skip with the prefill pool's turns.
+        self._rr_decode = 0
+        self._rr_prefill = 0
+
+    def choose_route(
+        self,
+        hashes: Sequence[int],
+        num_prompt_tokens: int,
+        block_size: int,
+        decode_candidates: Sequence[Candidate],
+        prefill_candidates: Sequence[Candidate],
+        overlaps: Mapping[str, TierOverlap],
+    ) -> RouteChoice:
+        """Pick the decode worker, then local vs remote prefill, then (if remote) the prefill worker.
+
+        ``hashes`` are the prompt's full-block hashes (the overlaps were looked up with them); the prompt's
+        blocks to compute include a trailing partial block. Raises NoWorkerError without decode candidates.
+        """
+        if not decode_candidates:
+            raise NoWorkerError("no decode-capable worker")
+        config = self.config
+        num_blocks = max(-(-num_prompt_tokens // block_size), len(hashes))  # ceil: a partial block is work
+        decode = choose_worker(decode_candidates, overlaps, num_blocks, config, self._rng, self._rr_decode)
+        self._rr_decode += 1
+        cached_on_decode = _cached_tokens(overlaps.get(decode.worker_id), block_size, num_prompt_tokens)
+        # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
+        pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
+        decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config)
+        if not decision.remote:
+            return RouteChoice(decode.worker_id, None, cached_on_decode, decision.reason, decode)
+        # Not saturated means some prefill worker has queue room: choose among those.
+        open_pool = [c for c in pool if c.load.num_waiting < config.prefill_queue_limit]
+        prefill = choose_worker(open_pool, overlaps, num_blocks, config, self._rng, self._rr_prefill)
+        self._rr_prefill += 1
+        cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
+        return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
+
+
+def _cached_tokens(overlap: TierOverlap | None, block_size: int, num_prompt_tokens: int) -> int:
+    """Prompt tokens reusable from any tier (the engine loads host/disk blocks instead of computing)."""
+    if overlap is None:
+        return 0
+    return min(overlap.disk * block_size, num_prompt_tokens)

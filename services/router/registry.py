@@ -1,0 +1,95 @@
+"""The router's view of its workers: who is registered, with which role, and how loaded.
+
+Pure bookkeeping with an injected clock, so it is tested with exact expectations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import msgspec
+
+from common.errors import RegistrationRefused
+from common.protocol import Role, WorkerInfo, WorkerLoad
+
+DECODE_ROLES: frozenset[Role] = frozenset({"decode", "both"})
+PREFILL_ROLES: frozenset[Role] = frozenset({"prefill"})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry:
+    info: WorkerInfo
+    load: WorkerLoad
+    last_seen_s: float
+    # Requests routed here since the worker's last load report. Reports lag by up to one heartbeat, and a
+    # burst would otherwise all land on the worker that looked idlest; the next report replaces the guess.
+    num_routed_since_report: int = 0
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._workers: dict[str, WorkerEntry] = {}
+
+    def register(self, info: WorkerInfo, now_s: float) -> None:
+        """Add or replace a worker. Refuses one that breaks its model's contract with the workers already here."""
+        for other in self._workers.values():
+            if other.info.model != info.model or other.info.worker_id == info.worker_id:
+                continue
+            if other.info.block_size != info.block_size:
+                raise RegistrationRefused(
+                    f"worker {info.worker_id} has block_size {info.block_size} but model {info.model!r} "
+                    f"is served with block_size {other.info.block_size} (worker {other.info.worker_id})"
+                )
+            if other.info.hash_seed != info.hash_seed:
+                raise RegistrationRefused(
+                    f"worker {info.worker_id} has hash_seed {info.hash_seed} but model {info.model!r} "
+                    f"uses {other.info.hash_seed} (worker {other.info.worker_id})"
+                )
+        self._workers[info.worker_id] = WorkerEntry(
+            info=info, load=WorkerLoad(num_total_blocks=info.num_blocks, num_free_blocks=info.num_blocks),
+            last_seen_s=now_s,
+        )
+
+    def unregister(self, worker_id: str) -> bool:
+        return self._workers.pop(worker_id, None) is not None
+
+    def report(self, worker_id: str, load: WorkerLoad, now_s: float) -> bool:
+        """Record a heartbeat; False when the worker is unknown (it must register again)."""
+        entry = self._workers.get(worker_id)
+        if entry is None:
+            return False
+        self._workers[worker_id] = replace(entry, load=load, last_seen_s=now_s, num_routed_since_report=0)
+        return True
+
+    def note_routed(self, worker_id: str) -> None:
+        entry = self._workers.get(worker_id)
+        if entry is not None:
+            self._workers[worker_id] = replace(entry, num_routed_since_report=entry.num_routed_since_report + 1)
+
+    def expire(self, now_s: float, timeout_s: float) -> list[str]:
+        """Drop workers silent for longer than ``timeout_s``; returns their ids."""
+        dead = [wid for wid, e in self._workers.items() if now_s - e.last_seen_s > timeout_s]
+        for wid in dead:
+            del self._workers[wid]
+        return dead
+
+    def get(self, worker_id: str) -> WorkerEntry | None:
+        return self._workers.get(worker_id)
+
+    def workers(self, model: str | None = None, roles: frozenset[Role] | None = None) -> list[WorkerEntry]:
+        return [
+            e for e in self._workers.values()
+            if (model is None or e.info.model == model) and (roles is None or e.info.role in roles)
+        ]
+
+    def effective_load(self, entry: WorkerEntry) -> WorkerLoad:
+        """The last report plus requests routed since, counted as waiting."""
+        if entry.num_routed_since_report == 0:
+            return entry.load
+        return msgspec.structs.replace(entry.load, num_waiting=entry.load.num_waiting + entry.num_routed_since_report)
+
+    def models(self) -> list[str]:
+        return sorted({e.info.model for e in self._workers.values()})
+
+    def __len__(self) -> int:
+        return len(self._workers)

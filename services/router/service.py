@@ -1,0 +1,195 @@
+"""The router process: worker registry, prefix index and the route RPC.
+
+It decides and never touches tokens' data path: the frontend and workers move tokens, NIXL moves KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import structlog
+import zmq.asyncio
+
+from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
+from common.hashing import block_hashes
+from common.protocol import (
+    ErrorReply,
+    Heartbeat,
+    KvEvents,
+    KvSnapshot,
+    KvSnapshotRequest,
+    ListWorkers,
+    Message,
+    RegisterAck,
+    RegisterWorker,
+    Route,
+    RouteRequest,
+    Unregister,
+    WorkerList,
+    WorkerRef,
+)
+from common.transport import Server, TransportConfig, new_id
+from services.router.index import PrefixIndex
+from services.router.metrics import RouterMetrics
+from services.router.policy import Candidate, Policy, PolicyConfig
+from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    endpoint: str = "tcp://127.0.0.1:5550"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # A worker silent this long is dropped (heartbeats come every ~0.25 s).
+    heartbeat_timeout_s: float = 2.0
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    metrics_port: int = 0  # 0 = no metrics endpoint
+    seed: int = 0
+
+
+class RouterService:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.registry = Registry()
+        self.index = PrefixIndex()
+        self.policy = Policy(config.policy, seed=config.seed)
+        self.metrics = RouterMetrics()
+        self._server: Server | None = None
+        self.endpoint = ""
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        ctx = zmq.asyncio.Context()
+        self._server = Server(ctx, self.config.endpoint, self.config.transport)
+        self.endpoint = self._server.endpoint
+        if self.config.metrics_port:
+            self.metrics.serve(self.config.metrics_port)
+        reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
+        if ready is not None:
+            ready.set()
+        try:
+            while True:
+                identity, msg = await self._server.recv()
+                try:
+                    reply = self.handle(identity, msg)
+                except ProtocolError as exc:
+                    log.warning("dropped_message", reason=str(exc))
+                    continue
+                except Exception as exc:  # one bad message must not take the router down
+                    log.exception("handler_failed", message=type(msg).__name__)
+                    rid = getattr(msg, "request_id", None)
+                    if rid is None:
+                        continue
+                    reply = ErrorReply(request_id=rid, code="internal_error", message=repr(exc))
+                if reply is not None:
+                    self._server.send_nowait(identity, reply)
+        finally:
+            reaper.cancel()
+            self._server.close()
+            ctx.term()
+
+    def handle(self, identity: bytes, msg: Message) -> Message | None:
+        now_s = time.monotonic()
+        match msg:
+            case RouteRequest():
+                return self._route(msg)
+            case Heartbeat(worker_id=worker_id, load=load):
+                if not self.registry.report(worker_id, load, now_s):
+                    # A router that restarted does not know the worker: ask it to register again.
+                    return ErrorReply(request_id=f"hb-{worker_id}", code="not_registered", message=worker_id)
+                self.metrics.observe_load(worker_id, load)
+                return None
+            case RegisterWorker(request_id=rid, info=info):
+                try:
+                    self.registry.register(info, now_s)
+                except RegistrationRefused as exc:
+                    log.error("registration_refused", worker_id=info.worker_id, reason=str(exc))
+                    self.metrics.registrations_refused.inc()
+                    return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
+                # A re-registration starts that worker's KV view from scratch; its events rebuild it.
+                self.index.remove_worker(info.worker_id)
+                log.info("worker_registered", worker_id=info.worker_id, role=info.role, model=info.model,
+                         endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size)
+                return RegisterAck(request_id=rid, worker_id=info.worker_id)
+            case Unregister(worker_id=worker_id):
+                self._drop(worker_id, reason="unregistered")
+                return None
+            case ListWorkers(request_id=rid):
+                entries = self.registry.workers()
+                return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
+                                  loads=tuple(e.load for e in entries))
+            case KvEvents():
+                return self._apply_events(msg)
+            case KvSnapshot():
+                self.index.load_snapshot(msg.worker_id, msg)
+                return None
+            case _:
+                raise ProtocolError(f"router does not handle {type(msg).__name__}")
+
+    def _route(self, req: RouteRequest) -> Message:
+        start_s = time.perf_counter()
+        decode = self._candidates(req.model, DECODE_ROLES, req.exclude_worker_ids)
+        if not decode:
+            self.metrics.routes_failed.inc()
+            return ErrorReply(request_id=req.request_id, code="no_worker",
+                              message=f"no decode-capable worker serves model {req.model!r}")
+        prefill = self._candidates(req.model, PREFILL_ROLES, req.exclude_worker_ids)
+        entry = self.registry.get(decode[0].worker_id)
+        assert entry is not None
+        block_size, seed = entry.info.block_size, entry.info.hash_seed
+        hashes = block_hashes(req.token_ids, block_size, seed)
+        overlaps = self.index.overlaps(hashes)
+        try:
+            choice = self.policy.choose_route(hashes, len(req.token_ids), block_size, decode, prefill, overlaps)
+        except NoWorkerError as exc:
+            return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
+        self.registry.note_routed(choice.decode_worker_id)
+        prefill_ref = None
+        if choice.prefill_worker_id is not None:
+            self.registry.note_routed(choice.prefill_worker_id)
+            prefill_ref = self._ref(choice.prefill_worker_id)
+        self.metrics.observe_route(choice, overlaps, len(hashes), time.perf_counter() - start_s)
+        return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
+                     num_cached_tokens_predicted=choice.num_cached_tokens_predicted)
+
+    def _candidates(self, model: str, roles: frozenset, exclude: tuple[str, ...]) -> list[Candidate]:
+        return [
+            Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e))
+            for e in self.registry.workers(model, roles)
+            if e.info.worker_id not in exclude
+        ]
+
+    def _ref(self, worker_id: str) -> WorkerRef:
+        entry = self.registry.get(worker_id)
+        assert entry is not None
+        return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint)
+
+    def _apply_events(self, msg: KvEvents) -> Message | None:
+        if self.registry.get(msg.worker_id) is None:
+            return None  # events from a worker we dropped; it re-registers and resends a snapshot
+        result = self.index.apply_events(msg)
+        self.metrics.events_applied.inc(len(msg.events))
+        if result.needs_snapshot:
+            log.warning("kv_event_gap", worker_id=msg.worker_id, expected=result.expected_event_id,
+                        got=msg.event_id)
+            self.metrics.event_gaps.inc()
+            return KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id)
+        return None
+
+    def _drop(self, worker_id: str, reason: str) -> None:
+        if self.registry.unregister(worker_id):
+            self.index.remove_worker(worker_id)
+            self.metrics.forget_worker(worker_id)
+            log.warning("worker_dropped", worker_id=worker_id, reason=reason)
+
+    async def _reap_loop(self) -> None:
+        interval_s = self.config.heartbeat_timeout_s / 4
+        while True:
+            await asyncio.sleep(interval_s)
+            for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
+                self.index.remove_worker(worker_id)
+                self.metrics.forget_worker(worker_id)
+                log.warning("worker_dropped", worker_id=worker_id, reason="missed heartbeats")

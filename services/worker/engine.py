@@ -1,0 +1,75 @@
+"""The contract between a worker's service loop and its engine (mock or vLLM).
+
+The service owns sockets and dispatch; the engine owns the model, KV blocks and scheduling. One engine per
+worker process. ``generate`` yields ``EngineOutput``s for one request until one has ``finish_reason`` set;
+``abort`` ends a request early and frees every block it held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.protocol import FinishReason, KvTransferParams, SamplingParams, WorkerLoad
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    # Compute the prompt, produce one token, keep the KV for a decode worker to pull.
+    prefill_only: bool = False
+    # Pull the prompt's KV from a prefill worker instead of computing it. token_ids is then the prompt
+    # followed by the prefill worker's first token; the engine computes only that last token.
+    kv_transfer: KvTransferParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    request_id: str
+    # New token ids since the previous output of this request.
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    # Prompt tokens whose KV came from the prefix cache (not from a transfer).
+    num_cached_tokens: int = 0
+    # Set on the final output of a prefill_only request.
+    kv_transfer: KvTransferParams | None = None
+    # A remote pull failed and the engine recomputed the prompt instead.
+    transfer_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    num_prefix_hits: int = 0
+    num_transfers: int = 0
+    num_transfer_failures: int = 0
+    num_transfer_bytes: int = 0
+    # Seconds spent pulling KV, one entry per finished transfer (drained by the service for metrics).
+    transfer_seconds: tuple[float, ...] = field(default_factory=tuple)
+
+
+class Engine(Protocol):
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+
+    async def start(self) -> None:
+        """Load the model and allocate KV; return when requests can be served."""
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Run one request; yields outputs until the one with ``finish_reason``."""
+
+    async def abort(self, request_id: str) -> None:
+        """End a request now (client gone, stop string hit); frees its blocks. Unknown ids are ignored."""
+
+    def load(self) -> WorkerLoad:
+        """Current queue depths and KV usage, cheap enough to call every heartbeat."""
+
+    def counters(self) -> EngineCounters:
+        """Cumulative prefix-hit and transfer counters."""
+
+    async def shutdown(self) -> None:
+        """Stop the engine and release its memory and ports."""

@@ -1,0 +1,190 @@
+"""The worker process: one engine behind a ROUTER socket, registered with the router.
+
+Frontends send ``Generate``/``Abort``/``GetStats``; the worker streams ``Tokens`` back to the sender. It
+registers with the router, heartbeats its load and re-registers when a restarted router does not know it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import structlog
+import zmq.asyncio
+
+from common.errors import EngineError, ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
+from common.protocol import (
+    Abort,
+    ErrorReply,
+    Generate,
+    GetStats,
+    Heartbeat,
+    Message,
+    RegisterWorker,
+    Role,
+    Tokens,
+    Unregister,
+    WorkerInfo,
+    WorkerStats,
+)
+from common.transport import Client, Server, TransportConfig, new_id
+from services.worker.engine import Engine, EngineRequest
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    role: Role
+    model: str
+    router_endpoint: str
+    # Where frontends reach this worker; port 0 picks a free one (the real one is registered).
+    endpoint: str = "tcp://127.0.0.1:0"
+    engine_kind: str = "mock"
+    hash_seed: int = 0
+    heartbeat_interval_s: float = 0.25
+    register_timeout_s: float = 2.0
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+
+class WorkerService:
+    def __init__(self, config: WorkerConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self.endpoint = ""
+        self._server: Server | None = None
+        self._router: Client | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._must_register = asyncio.Event()
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        ctx = zmq.asyncio.Context()
+        self._server = Server(ctx, self.config.endpoint, self.config.transport)
+        self.endpoint = self._server.endpoint
+        self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
+                              on_unsolicited=self._on_router_message)
+        background: list[asyncio.Task[None]] = []
+        try:
+            await self.engine.start()
+            await self._register()
+            loop = asyncio.get_running_loop()
+            background.append(loop.create_task(self._heartbeat_loop()))
+            log.info("worker_ready", worker_id=self.config.worker_id, role=self.config.role,
+                     endpoint=self.endpoint, num_blocks=self.engine.num_blocks)
+            if ready is not None:
+                ready.set()
+            await self._serve()
+        finally:
+            for task in [*background, *self._tasks.values()]:
+                task.cancel()
+            try:
+                self._router.send_nowait(Unregister(worker_id=self.config.worker_id))
+            except Exception:  # the router may be gone already; it will expire us
+                pass
+            await self.engine.shutdown()
+            await self._router.close()
+            self._server.close()
+            ctx.term()
+
+    async def _serve(self) -> None:
+        assert self._server is not None
+        while True:
+            identity, msg = await self._server.recv()
+            try:
+                self._dispatch(identity, msg)
+            except ProtocolError as exc:
+                log.warning("dropped_message", reason=str(exc))
+
+    def _dispatch(self, identity: bytes, msg: Message) -> None:
+        assert self._server is not None
+        match msg:
+            case Generate(request_id=rid):
+                if rid in self._tasks:
+                    self._server.send_nowait(identity, ErrorReply(request_id=rid, code="duplicate_request",
+                                                                  message=f"request {rid} is already running"))
+                    return
+                self._tasks[rid] = asyncio.get_running_loop().create_task(self._generate(identity, msg))
+            case Abort(request_id=rid):
+                if rid in self._tasks:
+                    asyncio.get_running_loop().create_task(self.engine.abort(rid))
+            case GetStats(request_id=rid):
+                c = self.engine.counters()
+                self._server.send_nowait(identity, WorkerStats(
+                    request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
+                    num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
+                    num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes))
+            case _:
+                raise ProtocolError(f"worker does not handle {type(msg).__name__}")
+
+    async def _generate(self, identity: bytes, msg: Generate) -> None:
+        assert self._server is not None
+        request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
+                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer)
+        try:
+            async for out in self.engine.generate(request):
+                self._server.send_nowait(identity, Tokens(
+                    request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
+                    num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
+                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed))
+        except EngineError as exc:
+            log.warning("request_failed", request_id=msg.request_id, error=str(exc))
+            self._server.send_nowait(identity, ErrorReply(request_id=msg.request_id, code="engine_error",
+                                                          message=str(exc)))
+        except asyncio.CancelledError:
+            await self.engine.abort(msg.request_id)
+            raise
+        except Exception as exc:  # never leave the frontend waiting on a request we lost
+            log.exception("request_crashed", request_id=msg.request_id)
+            self._server.send_nowait(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
+                                                          message=repr(exc)))
+            await self.engine.abort(msg.request_id)
+        finally:
+            self._tasks.pop(msg.request_id, None)
+
+    def _info(self) -> WorkerInfo:
+        return WorkerInfo(
+            worker_id=self.config.worker_id, role=self.config.role, model=self.config.model,
+            block_size=self.engine.block_size, num_blocks=self.engine.num_blocks, endpoint=self.endpoint,
+            engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
+            max_model_len=self.engine.max_model_len,
+        )
+
+    async def _register(self) -> None:
+        """Register until the router answers; a refusal is fatal (a broken contract never degrades)."""
+        assert self._router is not None
+        backoff_s = 0.1
+        while True:
+            try:
+                await self._router.request(RegisterWorker(request_id=new_id("reg"), info=self._info()),
+                                           timeout_s=self.config.register_timeout_s)
+                self._must_register.clear()
+                log.info("registered", worker_id=self.config.worker_id, router=self.config.router_endpoint)
+                return
+            except RemoteError as exc:
+                if exc.code == "registration_refused":
+                    log.error("registration_refused", worker_id=self.config.worker_id, reason=exc.message)
+                    raise RegistrationRefused(exc.message) from exc
+                log.warning("register_failed", error=str(exc))
+            except TransportTimeout:
+                log.warning("router_unreachable", router=self.config.router_endpoint)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+
+    def _on_router_message(self, msg: Message) -> None:
+        match msg:
+            case ErrorReply(code="not_registered"):
+                self._must_register.set()
+            case _:
+                log.warning("unexpected_router_message", type=type(msg).__name__)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._router is not None
+        seq = 0
+        while True:
+            if self._must_register.is_set():
+                log.warning("router_forgot_us", worker_id=self.config.worker_id)
+                await self._register()
+            seq += 1
+            self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=self.engine.load(), seq=seq))
+            await asyncio.sleep(self.config.heartbeat_interval_s)

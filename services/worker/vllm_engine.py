@@ -1,0 +1,277 @@
+"""The real engine: vLLM's AsyncLLM in the worker process, with NixlConnector for prefill/decode split.
+
+P/D mechanism (vLLM 0.32 NixlConnector, pull mode):
+- prefill: the prompt with ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode": True}``. vLLM keeps
+  the prompt's blocks after the request finishes (for ``kv_lease_duration`` s, default 30) and returns where
+  they live; we type that as ``KvTransferParams``.
+- decode: our contract sends prompt + first token. The connector sizes the pull by the request's prompt
+  length and asserts the local block count does not exceed the remote one, so a prompt one token longer
+  breaks whenever the prompt fills its last block. We therefore give vLLM the *prefill's* prompt with
+  ``do_remote_prefill``: it pulls every prompt block, recomputes the last prompt position for logits, and a
+  logits processor (``vllm_first_token``) forces that step to the prefill's first token, which we drop.
+- a failed pull is recomputed locally (``kv_load_failure_policy="recompute"``).
+
+Environment (see ``engine_process_env``): LD_PRELOAD must be set before the worker process starts (the
+dynamic loader reads it); the VLLM_* variables are read when vLLM starts its engine core and may be set
+in-process before ``start()`` (``start`` fills in any that are missing).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from common.errors import EngineError
+from common.protocol import FinishReason, WorkerLoad
+from common.tiny_model import ModelInfo, validate_model_dir
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
+from services.worker.vllm_params import (
+    decode_kv_params,
+    kv_params_from_vllm,
+    to_vllm_sampling,
+)
+from services.worker.vllm_stats import EngineStatsSink, PromptTokenSources
+
+log = structlog.get_logger(__name__)
+
+KvRole = Literal["prefill", "decode", "both"]
+_VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    model: Path
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Tokens per KV block; must match the router's hashing (DESIGN §3). vLLM CPU attention needs a multiple of 32.
+    block_size: int = 32
+    # Caps KV blocks (vLLM num_gpu_blocks_override); None: as many as kv_cache_space_gib holds.
+    num_blocks: int | None = None
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    # Eager start takes seconds; compiled mode 40-90 s on CPU (DESIGN §4).
+    enforce_eager: bool = True
+    # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
+    # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
+    kv_role: KvRole | None = "both"
+    nixl_side_channel_host: str = "127.0.0.1"
+    # Must be free and distinct per engine on a host: a clash hangs the engine.
+    nixl_side_channel_port: int = 5600
+    # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB.
+    kv_cache_space_gib: int = 1
+    enable_prefix_caching: bool = True
+    # NIXL engine id other engines see in KvTransferParams.remote_engine_id; "" lets vLLM pick a uuid.
+    engine_id: str = ""
+    # Seconds a prefill engine keeps blocks for a decode engine that never pulls them.
+    kv_lease_s: int = 30
+
+
+def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:
+    """Environment for a worker process running one vLLM engine.
+
+    LD_PRELOAD (CPU: torch's libgomp, ~5x faster than two OpenMP runtimes) only works when set before the
+    process starts. The rest can also be set in-process before the engine starts. ``core_id`` pins the
+    engine's OpenMP threads to one core (CPU); None leaves binding to vLLM (GPU machines).
+    """
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": config.nixl_side_channel_host,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.nixl_side_channel_port),
+        "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
+    }
+    if core_id is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core_id)
+    libgomp = _torch_libgomp()
+    if libgomp is not None:
+        env["LD_PRELOAD"] = libgomp
+    return env
+
+
+def _torch_libgomp() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "lib" / "libgomp.so.1"
+    return str(path) if path.is_file() else None
+
+
+class VllmEngine:
+    """Engine protocol over vLLM's AsyncLLM; one per worker process."""
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.num_blocks = config.num_blocks or 0
+        self.max_model_len = config.max_model_len
+        self.model_info: ModelInfo | None = None
+        self.start_s = 0.0
+        self._llm: Any = None
+        self._stats = EngineStatsSink()
+        self._in_flight: set[str] = set()
+        self._kv_bytes_per_block = 0
+
+    async def start(self) -> None:
+        self.model_info = validate_model_dir(self.config.model)  # ModelError before vLLM sees a bad dir
+        for key, value in engine_process_env(self.config, core_id=None).items():
+            if key != "LD_PRELOAD":
+                os.environ.setdefault(key, value)
+        began = time.perf_counter()
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._llm = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**self._engine_kwargs()),
+                stat_loggers=[self._stats.logger_factory()],
+            )
+        except Exception as exc:  # vLLM raises many types at start (config, memory, handshake)
+            raise EngineError(f"vLLM engine failed to start for {self.config.model}: {exc}") from exc
+        self.start_s = time.perf_counter() - began
+        vllm_config = self._llm.vllm_config
+        self.num_blocks = int(vllm_config.cache_config.num_gpu_blocks or 0)
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        dtype_bytes = vllm_config.model_config.dtype.itemsize
+        self._kv_bytes_per_block = self.block_size * self.model_info.kv_bytes_per_token(dtype_bytes)
+        if self.block_size != self.config.block_size:
+            raise EngineError(f"vLLM chose block size {self.block_size}, not {self.config.block_size}")
+        log.info(
+            "vllm_engine_started",
+            model=str(self.config.model),
+            start_s=round(self.start_s, 2),
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            kv_role=self.config.kv_role,
+        )
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        from services.worker.vllm_first_token import QUALNAME
+
+        kwargs: dict[str, Any] = {
+            "model": str(self.config.model),
+            "dtype": self.config.dtype,
+            "block_size": self.config.block_size,
+            "num_gpu_blocks_override": self.config.num_blocks,
+            "max_model_len": self.config.max_model_len,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "enforce_eager": self.config.enforce_eager,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+            # We send token ids and read token ids; the frontend owns the tokenizer.
+            "skip_tokenizer_init": True,
+            "logits_processors": [QUALNAME],
+            "disable_log_stats": True,
+        }
+        if self.config.kv_role is not None:
+            kwargs["kv_transfer_config"] = self._kv_transfer_config()
+        return kwargs
+
+    def _kv_transfer_config(self) -> Any:
+        import torch
+        from vllm.config import KVTransferConfig
+
+        extra: dict[str, Any] = {"kv_lease_duration": self.config.kv_lease_s}
+        return KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_role=_VLLM_KV_ROLES[self.config.kv_role or "both"],
+            kv_buffer_device="cuda" if torch.cuda.is_available() else "cpu",
+            kv_load_failure_policy="recompute",
+            engine_id=self.config.engine_id or None,
+            kv_connector_extra_config=extra,
+        )
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        llm = self._require_started()
+        params, forced_token = to_vllm_sampling(request, self.model_info)
+        prompt_ids = list(request.token_ids[:-1] if forced_token is not None else request.token_ids)
+        if request.kv_transfer is not None:
+            params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer)
+        failures_before = self._stats.num_transfer_failures
+        skip_first = forced_token is not None
+        self._in_flight.add(request.request_id)
+        try:
+            async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+                completion = out.outputs[0]
+                token_ids = tuple(completion.token_ids)
+                if skip_first and token_ids:
+                    if token_ids[0] != forced_token:
+                        raise EngineError(
+                            f"{request.request_id}: decode engine produced {token_ids[0]} where the prefill "
+                            f"token {forced_token} was forced"
+                        )
+                    token_ids, skip_first = token_ids[1:], False
+                if not out.finished:
+                    if token_ids:
+                        yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids))
+                    continue
+                yield self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
+        finally:
+            self._in_flight.discard(request.request_id)
+
+    def _final_output(
+        self, request: EngineRequest, out: Any, token_ids: tuple[int, ...], num_prompt: int, failures_before: int
+    ) -> EngineOutput:
+        reason = _FINISH_REASONS.get(str(out.outputs[0].finish_reason), "error")
+        kv_transfer = None
+        if request.prefill_only and reason != "abort":
+            kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block)
+        pulled = request.kv_transfer is not None
+        return EngineOutput(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            finish_reason=reason,
+            num_prompt_tokens=num_prompt,
+            # vLLM counts pulled tokens as cached; for a pull we cannot split local hits out per request.
+            num_cached_tokens=0 if pulled else int(out.num_cached_tokens or 0),
+            kv_transfer=kv_transfer,
+            # Attributed by time window: a failure during this request's life marks it (conservative).
+            transfer_failed=pulled and self._stats.num_transfer_failures > failures_before,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def load(self) -> WorkerLoad:
+        used = round(self._stats.kv_cache_usage * self.num_blocks)
+        busy = bool(self._in_flight)
+        return WorkerLoad(
+            num_running=self._stats.num_running if busy else 0,
+            num_waiting=self._stats.num_waiting if busy else 0,
+            num_free_blocks=self.num_blocks - used,
+            num_total_blocks=self.num_blocks,
+            # vLLM reports only total usage; blocks held by running sequences are its best proxy.
+            num_active_blocks=used,
+        )
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters(
+            num_prefix_hits=self._stats.num_prefix_hit_tokens,
+            num_transfers=self._stats.num_transfers,
+            num_transfer_failures=self._stats.num_transfer_failures,
+            num_transfer_bytes=self._stats.num_transfer_bytes,
+            transfer_seconds=self._stats.drain_transfer_seconds(),
+        )
+
+    def prompt_token_sources(self) -> PromptTokenSources:
+        """Cumulative prompt tokens computed / hit locally / pulled, as vLLM's scheduler saw them."""
+        return self._stats.prompt_sources
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    def _require_started(self) -> Any:
+        if self._llm is None:
+            raise EngineError("VllmEngine.generate called before start() or after shutdown()")
+        return self._llm

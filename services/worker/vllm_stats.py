@@ -1,0 +1,102 @@
+"""Collects vLLM's per-step scheduler and connector stats into the figures a worker reports.
+
+vLLM's ``AsyncLLM`` calls every stat logger it was built with from its output loop (our event loop), once per
+engine step that produced outputs. ``EngineStatsSink`` keeps the latest load and cumulative counters; the
+engine reads them without touching vLLM. The stat classes are not a stable vLLM interface (checked: 0.32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokenSources:
+    """Cumulative prompt tokens by where their KV came from (vLLM's own accounting)."""
+
+    num_computed: int = 0
+    num_local_cache_hit: int = 0
+    num_external_kv_transfer: int = 0
+
+
+class EngineStatsSink:
+    """Mutable accumulator fed by ``_SinkLogger``; read by ``VllmEngine``."""
+
+    def __init__(self) -> None:
+        self.num_running = 0
+        self.num_waiting = 0
+        # Fraction of KV blocks in use (0..1), from the scheduler.
+        self.kv_cache_usage = 0.0
+        self.num_prefix_hit_tokens = 0
+        self.prompt_sources = PromptTokenSources()
+        # NIXL connector stats (decode side records the READs it initiated).
+        self.num_transfers = 0
+        self.num_transfer_bytes = 0
+        self.num_transfer_failures = 0
+        self.transfer_seconds: list[float] = []
+
+    def record_scheduler(self, stats: SchedulerStats) -> None:
+        self.num_running = stats.num_running_reqs
+        self.num_waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+        self.kv_cache_usage = stats.kv_cache_usage
+        self.num_prefix_hit_tokens += stats.prefix_cache_stats.hits
+        if stats.kv_connector_stats:
+            self._record_connector(stats.kv_connector_stats)
+
+    def record_iteration(self, stats: IterationStats) -> None:
+        tokens = stats.prompt_token_stats
+        old = self.prompt_sources
+        self.prompt_sources = PromptTokenSources(
+            num_computed=old.num_computed + tokens.computed,
+            num_local_cache_hit=old.num_local_cache_hit + tokens.local_cache_hit,
+            num_external_kv_transfer=old.num_external_kv_transfer + tokens.external_kv_transfer,
+        )
+
+    def _record_connector(self, data: dict[str, Any]) -> None:
+        # NixlKVConnectorStats.data: lists with one entry per successful READ (durations in s) and one
+        # entry per failure event. Other connectors use other keys; missing keys count as nothing.
+        durations = data.get("transfer_duration", [])
+        self.num_transfers += len(durations)
+        self.transfer_seconds.extend(float(d) for d in durations)
+        self.num_transfer_bytes += int(sum(data.get("bytes_transferred", [])))
+        self.num_transfer_failures += sum(
+            len(data.get(key, [])) for key in ("num_failed_transfers", "num_failed_handshakes")
+        )
+
+    def drain_transfer_seconds(self) -> tuple[float, ...]:
+        drained, self.transfer_seconds = tuple(self.transfer_seconds), []
+        return drained
+
+    def logger_factory(self) -> Callable[[VllmConfig, int], StatLoggerBase]:
+        sink = self
+
+        def factory(vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
+            return _SinkLogger(sink)
+
+        return factory
+
+
+class _SinkLogger(StatLoggerBase):
+    def __init__(self, sink: EngineStatsSink) -> None:
+        self._sink = sink
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: object | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self._sink.record_scheduler(scheduler_stats)
+        if iteration_stats is not None:
+            self._sink.record_iteration(iteration_stats)
+
+    def log_engine_initialized(self) -> None:
+        pass

@@ -1,0 +1,241 @@
+"""Routing decisions, table-driven with exact expectations (DESIGN §2, §3)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from common.errors import NoWorkerError
+from common.protocol import WorkerLoad
+from services.router.index import TierOverlap
+from services.router.policy import (
+    Candidate,
+    Choice,
+    Policy,
+    PolicyConfig,
+    PrefillDecision,
+    RouteChoice,
+    choose_worker,
+    decide_prefill,
+)
+
+BS = 16
+
+
+def cand(worker_id: str, active: int = 0, running: int = 0, waiting: int = 0, free: int = 100,
+         total: int = 100) -> Candidate:
+    load = WorkerLoad(num_running=running, num_waiting=waiting, num_free_blocks=free, num_total_blocks=total,
+                      num_active_blocks=active)
+    return Candidate(worker_id, load)
+
+
+def dev(n: int) -> TierOverlap:
+    return TierOverlap(n, n, n)
+
+
+KV = PolicyConfig()
+
+
+@pytest.mark.parametrize(
+    ("candidates", "overlaps", "blocks", "config", "expected"),
+    [
+        pytest.param(  # a: 2 to compute + 10 active = 12; b: 10 + 0 = 10
+            [cand("a", active=10), cand("b")], {"a": dev(8)}, 10, KV,
+            Choice("b", 10.0, 0.0, "lowest_cost", 8.0), id="cost-prefill-vs-decode"),
+        pytest.param(  # a: credit 2 + 0.75*4 + 0.25*4 = 6 -> cost 4; b: credit 5 -> cost 5
+            [cand("a"), cand("b")], {"a": TierOverlap(2, 6, 10), "b": dev(5)}, 10, KV,
+            Choice("a", 4.0, 6.0, "lowest_cost", 6.0), id="host-disk-credit"),
+        pytest.param(  # overlap beyond the request's blocks: prefill term floors at 0
+            [cand("a", active=3), cand("b", active=4)], {"a": dev(12), "b": dev(12)}, 10, KV,
+            Choice("a", 3.0, 12.0, "lowest_cost", 12.0), id="credit-floor"),
+        pytest.param(  # equal cost: lower load (running + waiting) wins
+            [cand("a", running=2), cand("b", running=1)], {}, 4, KV,
+            Choice("b", 4.0, 0.0, "lowest_cost", 0.0), id="tie-load"),
+        pytest.param(  # equal cost and load: lowest id, whatever the input order
+            [cand("c"), cand("b"), cand("a2")], {}, 4, KV,
+            Choice("a2", 4.0, 0.0, "lowest_cost", 0.0), id="tie-id"),
+        pytest.param(  # a has the prefix but 98% of its blocks are in use: skipped
+            [cand("a", free=2), cand("b")], {"a": dev(10)}, 10, KV,
+            Choice("b", 10.0, 0.0, "lowest_cost", 0.0), id="busy-skipped"),
+        pytest.param(  # exactly at the threshold is not busy (above it is)
+            [cand("a", free=5), cand("b")], {"a": dev(10)}, 10, KV,
+            Choice("a", 0.0, 10.0, "lowest_cost", 10.0), id="at-threshold"),
+        pytest.param(  # all busy: nobody skipped, flagged
+            [cand("a", free=2), cand("b", free=1)], {"a": dev(10)}, 10, KV,
+            Choice("a", 0.0, 10.0, "lowest_cost", 10.0, all_busy=True), id="all-busy"),
+        pytest.param(  # no capacity reported yet: never busy
+            [cand("a", free=0, total=0)], {}, 3, KV,
+            Choice("a", 3.0, 0.0, "lowest_cost", 0.0), id="no-capacity-figure"),
+        pytest.param(  # prefill_weight 0: load only
+            [cand("a", active=5), cand("b", active=1)], {"a": dev(10)}, 10, PolicyConfig(prefill_weight=0.0),
+            Choice("b", 1.0, 0.0, "lowest_cost", 10.0), id="weight-0"),
+        pytest.param(  # custom credits: host counts fully
+            [cand("a"), cand("b")], {"a": TierOverlap(0, 8, 8), "b": dev(7)}, 10,
+            PolicyConfig(host_credit=1.0), Choice("a", 2.0, 8.0, "lowest_cost", 8.0), id="host-credit-1"),
+        pytest.param(  # least-loaded ignores overlap; ties on requests broken by active blocks
+            [cand("a", running=1, active=9), cand("b", running=1, active=3), cand("c", running=3)],
+            {"a": dev(10)}, 10, PolicyConfig(policy="least-loaded"),
+            Choice("b", 13.0, 0.0, "least_loaded", 10.0), id="least-loaded"),
+        pytest.param(
+            [cand("a", free=0), cand("b", waiting=9), cand("c", waiting=4)], {}, 1,
+            PolicyConfig(policy="least-loaded"),
+            Choice("c", 1.0, 0.0, "least_loaded", 0.0), id="least-loaded-skips-busy"),
+    ],
+)
+def test_choose_worker(candidates, overlaps, blocks, config, expected) -> None:
+    assert choose_worker(candidates, overlaps, blocks, config, random.Random(0), 0) == expected
+
+
+@pytest.mark.parametrize(("rr_index", "expected"), [(0, "a"), (1, "b"), (2, "c"), (3, "a"), (7, "b")])
+def test_round_robin_sorted_by_id(rr_index: int, expected: str) -> None:
+    candidates = [cand("c"), cand("a"), cand("b")]
+    choice = choose_worker(candidates, {}, 4, PolicyConfig(policy="round-robin"), random.Random(0), rr_index)
+    assert (choice.worker_id, choice.reason) == (expected, "round_robin")
+
+
+def test_round_robin_skips_busy() -> None:
+    candidates = [cand("a"), cand("b", free=0), cand("c")]
+    picks = [choose_worker(candidates, {}, 4, PolicyConfig(policy="round-robin"), random.Random(0), i).worker_id
+             for i in range(4)]
+    assert picks == ["a", "c", "a", "c"]
+
+
+def test_random_uses_rng() -> None:
+    # random.Random(0).randrange(3) == 1 -> the second worker by id.
+    choice = choose_worker([cand("c"), cand("a"), cand("b")], {}, 4, PolicyConfig(policy="random"),
+                           random.Random(0), 0)
+    assert (choice.worker_id, choice.reason) == ("b", "random")
+
+
+def test_temperature_prefers_low_cost_and_is_reproducible() -> None:
+    config = PolicyConfig(temperature=0.5)
+    candidates = [cand("a"), cand("b"), cand("c")]
+    overlaps = {"a": dev(10), "b": dev(5)}  # costs 0, 5, 10
+    rng = random.Random(42)
+    picks = Counter(choose_worker(candidates, overlaps, 10, config, rng, 0).worker_id for _ in range(3000))
+    assert picks["a"] > picks["b"] > picks["c"] > 0
+    again = random.Random(42)
+    first = [choose_worker(candidates, overlaps, 10, config, again, 0).worker_id for _ in range(20)]
+    rng = random.Random(42)
+    assert first == [choose_worker(candidates, overlaps, 10, config, rng, 0).worker_id for _ in range(20)]
+    assert choose_worker(candidates, overlaps, 10, config, random.Random(0), 0).reason == "sampled"
+
+
+def test_temperature_with_equal_zero_costs() -> None:
+    choice = choose_worker([cand("a"), cand("b")], {"a": dev(4), "b": dev(4)}, 4, PolicyConfig(temperature=1.0),
+                           random.Random(0), 0)
+    assert choice.cost == 0.0 and choice.worker_id in ("a", "b")
+
+
+def test_choose_worker_needs_candidates() -> None:
+    with pytest.raises(NoWorkerError):
+        choose_worker([], {}, 1, KV, random.Random(0), 0)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        PolicyConfig(policy="fastest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        PolicyConfig(temperature=-1.0)
+
+
+POOL = [cand("p1", waiting=2), cand("p2", waiting=9)]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached", "pool", "expected"),
+    [
+        (4000, 0, [], PrefillDecision(False, "no_prefill_pool")),
+        (256, 0, POOL, PrefillDecision(False, "short_uncached")),  # at the limit: local
+        (257, 0, POOL, PrefillDecision(True, "remote")),
+        (1000, 800, POOL, PrefillDecision(False, "short_uncached")),  # 200 uncached
+        (1000, 700, POOL, PrefillDecision(True, "remote")),
+        (4000, 0, [cand("p1", waiting=8), cand("p2", waiting=9)], PrefillDecision(False, "prefill_saturated")),
+        (4000, 0, [cand("p1", waiting=7), cand("p2", waiting=9)], PrefillDecision(True, "remote")),
+        (100, 0, [cand("p1", waiting=8)], PrefillDecision(False, "short_uncached")),  # short before saturated
+    ],
+)
+def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expected: PrefillDecision) -> None:
+    assert decide_prefill(prompt, cached, pool, KV) == expected
+
+
+HASHES = list(range(1000, 1250))  # 250 full blocks = a 4,000-token prompt
+
+
+def route(policy: Policy, prompt_tokens: int, decode, prefill, overlaps) -> RouteChoice:
+    return policy.choose_route(HASHES[: prompt_tokens // BS], prompt_tokens, BS, decode, prefill, overlaps)
+
+
+def test_route_aggregated() -> None:
+    choice = route(Policy(KV), 4000, [cand("w1", active=50), cand("w2")], [], {"w1": dev(100)})
+    # w1: 150 to compute + 50 active = 200; w2: 250.
+    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+        "w1", None, 1600, "no_prefill_pool")
+    assert choice.decode == Choice("w1", 200.0, 100.0, "lowest_cost", 100.0)
+    assert choice.prefill is None
+
+
+def test_route_remote_prefill_on_best_prefill_worker() -> None:
+    overlaps = {"p2": TierOverlap(100, 150, 150), "d1": dev(3)}
+    choice = route(Policy(KV), 4000, [cand("d1"), cand("d2", active=1)], [cand("p1"), cand("p2")], overlaps)
+    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+        "d1", "p2", 150 * BS, "remote")
+    assert choice.prefill == Choice("p2", 250 - 137.5, 137.5, "lowest_cost", 137.5)
+
+
+def test_route_short_uncached_stays_local() -> None:
+    # d1 holds 240 of 250 blocks: 160 uncached tokens <= 256.
+    choice = route(Policy(KV), 4000, [cand("d1"), cand("d2")], [cand("p1")], {"d1": dev(240)})
+    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+        "d1", None, 3840, "short_uncached")
+
+
+def test_route_saturated_pool_stays_local() -> None:
+    choice = route(Policy(KV), 4000, [cand("d1")], [cand("p1", waiting=8), cand("p2", waiting=20)], {})
+    assert (choice.prefill_worker_id, choice.reason) == (None, "prefill_saturated")
+
+
+def test_route_skips_full_prefill_queue() -> None:
+    # p1 has the prefix but its queue is full; p2 has room.
+    overlaps = {"p1": dev(250)}
+    choice = route(Policy(KV), 4000, [cand("d1")], [cand("p1", waiting=8), cand("p2", waiting=1)], overlaps)
+    assert (choice.prefill_worker_id, choice.num_cached_tokens_predicted) == ("p2", 0)
+
+
+def test_route_both_worker_is_not_its_own_remote_prefill() -> None:
+    both = cand("b1")
+    choice = route(Policy(KV), 4000, [both], [both], {})
+    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.reason) == ("b1", None, "no_prefill_pool")
+    choice = route(Policy(KV), 4000, [both], [both, cand("p1")], {})
+    assert (choice.decode_worker_id, choice.prefill_worker_id) == ("b1", "p1")
+
+
+def test_route_partial_block_counts_as_work() -> None:
+    # 20 tokens: 1 full block hashed, 2 blocks of work. Fully cached full block -> cost 1 on w1.
+    choice = Policy(KV).choose_route(HASHES[:1], 20, BS, [cand("w1"), cand("w2")], [], {"w1": dev(1)})
+    assert (choice.decode.cost, choice.num_cached_tokens_predicted) == (1.0, 16)
+
+
+def test_route_round_robin_counters_independent() -> None:
+    policy = Policy(PolicyConfig(policy="round-robin"))
+    decode = [cand("d1"), cand("d2"), cand("d3")]
+    prefill = [cand("p1"), cand("p2")]
+    picks = [(c.decode_worker_id, c.prefill_worker_id) for c in (route(policy, 4000, decode, prefill, {})
+                                                                 for _ in range(4))]
+    assert picks == [("d1", "p1"), ("d2", "p2"), ("d3", "p1"), ("d1", "p2")]
+
+
+def test_route_random_is_seeded() -> None:
+    decode = [cand(f"d{i}") for i in range(8)]
+    config = PolicyConfig(policy="random")
+    policy_a, policy_b = Policy(config, seed=7), Policy(config, seed=7)
+    seq_a = [route(policy_a, 4000, decode, [], {}).decode_worker_id for _ in range(10)]
+    seq_b = [route(policy_b, 4000, decode, [], {}).decode_worker_id for _ in range(10)]
+    assert seq_a == seq_b and len(set(seq_a)) > 1
+
+
+def test_route_needs_decode_worker() -> None:
+    with pytest.raises(NoWorkerError):
+        route(Policy(KV), 4000, [], [cand("p1")], {})
