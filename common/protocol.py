@@ -71,6 +71,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # Seed mixed into block hashes (DESIGN §3); workers of one model must agree.
     hash_seed: int = 0
     max_model_len: int = 0
+    # The engine publishes KV events; without them the router indexes its own decisions (approximate mode).
+    kv_events: bool = False
 
 
 # ------------------------------------------------------------------------------------------ worker <-> router
@@ -84,6 +86,8 @@ class RegisterWorker(_Msg, frozen=True):
 class RegisterAck(_Msg, frozen=True):
     request_id: str
     worker_id: str
+    # Where the worker's PUB socket connects to publish KvEvents ("" = the router takes no events).
+    events_endpoint: str = ""
 
 
 class Heartbeat(_Msg, frozen=True):

@@ -64,6 +64,7 @@ class PrefixIndex:
         self._shared_ids = set(shared_source_ids)
         self._shared_mask = 0
         self._num_blocks = 0
+        self._default: tuple[dict[str, int], int] | None = None  # _default_bits cache
         self.tracker = EventTracker()
         # Batches that arrived after a gap, replayed once the snapshot is loaded (bounded per source).
         self._held_batches: dict[str, list[KvEvents]] = {}
@@ -88,22 +89,44 @@ class PrefixIndex:
         ``worker_ids``: the workers to consider (default: every non-shared source in the index); a worker
         unknown to the index can still reuse shared blocks.
         """
-        ids = [w for w in self._bit if w not in self._shared_ids] if worker_ids is None else list(worker_ids)
-        bit_of = self._bit
-        bits = {w: bit_of.get(w, _NOBODY) for w in ids}
-        start = _NOBODY
-        for bit in bits.values():
-            start |= bit
-        lengths = self._walk(hashes, start)
+        if worker_ids is None:
+            bits, start = self._default_bits()
+        else:
+            bit_of = self._bit
+            bits = {w: bit_of.get(w, _NOBODY) for w in worker_ids}
+            start = _NOBODY
+            for bit in bits.values():
+                start |= bit
+        run_d, run_h, run_k = self._walk(hashes, start)
         result: dict[str, TierOverlap] = {}
+        if not run_k:
+            return result
+        made: dict[tuple[int, int, int], TierOverlap] = {}  # workers with equal runs share one object
         for worker_id, bit in bits.items():
-            run_disk = lengths[2].get(bit, 0)
-            if run_disk:
-                result[worker_id] = TierOverlap(lengths[0].get(bit, 0), lengths[1].get(bit, 0), run_disk)
+            disk = run_k.get(bit)
+            if disk:
+                key = (run_d.get(bit, 0), run_h.get(bit, 0), disk)
+                overlap = made.get(key)
+                if overlap is None:
+                    overlap = made[key] = TierOverlap(*key)
+                result[worker_id] = overlap
         return result
+
+    def _default_bits(self) -> tuple[dict[str, int], int]:
+        """(worker -> bit, OR of them and _NOBODY) over every non-shared source; cached until sources change."""
+        if self._default is None:
+            bits = {w: bit for w, bit in self._bit.items() if w not in self._shared_ids}
+            start = _NOBODY
+            for bit in bits.values():
+                start |= bit
+            self._default = (bits, start)
+        return self._default
 
     def _walk(self, hashes: Sequence[int], start: int) -> tuple[dict[int, int], ...]:
         """Run length per bit and tier level: how many leading hashes stay held (tier or better) by that bit."""
+        if not self._shared_mask and not self._holders[1] and not self._holders[2]:
+            runs = self._walk_device_only(hashes, start)
+            return (runs, runs, runs)
         device, host, disk = (h.get for h in self._holders)
         shared, every = self._shared_mask, start
         alive_d = alive_h = alive_k = start
@@ -113,12 +136,18 @@ class PrefixIndex:
             d = device(block_hash, 0)
             if d & shared:
                 d = every
-            h = d | host(block_hash, 0)
-            if h & shared:
-                h = every
-            k = h | disk(block_hash, 0)
-            if k & shared:
-                k = every
+            # Look a slower tier up only for alive bits the faster tiers do not already cover: with the
+            # prefix on device (or shared on host) most blocks cost one or two lookups, not three.
+            h = d
+            if alive_h & ~h:
+                h |= host(block_hash, 0)
+                if h & shared:
+                    h = every
+            k = h
+            if alive_k & ~k:
+                k |= disk(block_hash, 0)
+                if k & shared:
+                    k = every
             # Sets only shrink and alive_d <= alive_h <= alive_k, so an empty alive_k ends every run.
             if alive_k & k != alive_k:
                 _close(runs[2], alive_k & ~k, n)
@@ -135,6 +164,22 @@ class PrefixIndex:
         _close(runs[0], alive_d, n)
         _close(runs[1], alive_h, n)
         _close(runs[2], alive_k, n)
+        return runs
+
+    def _walk_device_only(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
+        """``_walk`` when nothing is off device (the common case): a third of the lookups."""
+        device = self._holders[0].get
+        runs: dict[int, int] = {}
+        n = 0
+        for block_hash in hashes:
+            d = device(block_hash, 0)
+            if alive & d != alive:
+                _close(runs, alive & ~d, n)
+                alive &= d
+                if not alive:
+                    return runs
+            n += 1
+        _close(runs, alive, n)
         return runs
 
     # ------------------------------------------------------------------------------------------ updates
@@ -198,6 +243,7 @@ class PrefixIndex:
         self._clear_source(source_id)
         self._held.pop(source_id, None)
         bit = self._bit.pop(source_id, None)
+        self._default = None
         if bit is not None:
             self._free_bits.append(bit)
             self._shared_mask &= ~bit
@@ -207,6 +253,7 @@ class PrefixIndex:
     def mark_shared(self, source_id: str) -> None:
         """Blocks of this source (kvtier) count for every worker."""
         self._shared_ids.add(source_id)
+        self._default = None
         bit = self._bit.get(source_id)
         if bit is not None:
             self._shared_mask |= bit
@@ -221,6 +268,7 @@ class PrefixIndex:
             else:
                 bit, self._next_bit = self._next_bit, self._next_bit << 1
             self._bit[source_id] = bit
+            self._default = None
             self._held[source_id] = tuple(set() for _ in TIERS)
             if source_id in self._shared_ids:
                 self._shared_mask |= bit
@@ -265,6 +313,8 @@ class PrefixIndex:
 
 def _close(runs: dict[int, int], bits: int, length: int) -> None:
     """Record ``length`` as the run of every bit set in ``bits``."""
+    if not length:
+        return  # a missing run reads as 0
     while bits:
         low = bits & -bits
         runs[low] = length

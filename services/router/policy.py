@@ -96,7 +96,9 @@ def is_busy(load: WorkerLoad, threshold: float) -> bool:
     return used / load.num_total_blocks > threshold
 
 
-def kv_cost(load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig) -> tuple[float, float]:
+def kv_cost(
+    load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig
+) -> tuple[float, float]:
     """(cost, credit): cost = prefill_weight * max(new_blocks - credit, 0) + active decode blocks."""
     credit = overlap.credit(config.host_credit, config.disk_credit)
     return config.prefill_weight * max(num_request_blocks - credit, 0.0) + load.num_active_blocks, credit
@@ -110,36 +112,61 @@ def choose_worker(
     rng: random.Random,
     rr_index: int,
 ) -> Choice:
-    """One worker from ``candidates`` by ``config.policy``; raises NoWorkerError when there is none."""
+    """One worker from ``candidates`` by ``config.policy``; raises NoWorkerError when there is none.
+
+    Independent of the candidates' order: round-robin, random and sampling index the candidates sorted
+    by id; lowest cost breaks ties by ``load_key`` then id.
+    """
     if not candidates:
         raise NoWorkerError("no candidate worker")
-    # Sorted by id so every policy is independent of the caller's order (and so reproducible).
-    ordered = sorted(candidates, key=lambda c: c.worker_id)
-    eligible = [c for c in ordered if not is_busy(c.load, config.busy_threshold)]
+    threshold = config.busy_threshold
+    eligible = [c for c in candidates if not is_busy(c.load, threshold)]
     all_busy = not eligible
-    pool = ordered if all_busy else eligible
-    scored = [(c, *kv_cost(c.load, overlaps.get(c.worker_id, NO_OVERLAP), num_request_blocks, config)) for c in pool]
-    best_credit = max(credit for _, _, credit in scored)
+    scored = _score(candidates if all_busy else eligible, overlaps, num_request_blocks, config)
+    best_credit = max(credit for _, credit, _ in scored)
 
     reason: ChoiceReason
-    match config.policy:
-        case "round-robin":
-            index, reason = rr_index % len(scored), "round_robin"
-        case "random":
-            index, reason = rng.randrange(len(scored)), "random"
-        case "least-loaded":
-            index = min(range(len(scored)), key=lambda i: (load_key(scored[i][0].load), scored[i][0].worker_id))
-            reason = "least_loaded"
-        case _ if config.temperature > 0:
-            index, reason = _sample([cost for _, cost, _ in scored], config.temperature, rng), "sampled"
-        case _:
-            index = min(
-                range(len(scored)),
-                key=lambda i: (scored[i][1], load_key(scored[i][0].load), scored[i][0].worker_id),
-            )
-            reason = "lowest_cost"
-    chosen, cost, credit = scored[index]
-    return Choice(chosen.worker_id, cost, credit, reason, best_credit, all_busy)
+    if config.policy == "kv" and config.temperature == 0:
+        lowest = min(cost for cost, _, _ in scored)
+        ties = [s for s in scored if s[0] == lowest]
+        chosen = ties[0] if len(ties) == 1 else min(ties, key=lambda s: (load_key(s[2].load), s[2].worker_id))
+        reason = "lowest_cost"
+    elif config.policy == "least-loaded":
+        chosen = min(scored, key=lambda s: (load_key(s[2].load), s[2].worker_id))
+        reason = "least_loaded"
+    else:
+        scored.sort(key=lambda s: s[2].worker_id)
+        match config.policy:
+            case "round-robin":
+                chosen, reason = scored[rr_index % len(scored)], "round_robin"
+            case "random":
+                chosen, reason = scored[rng.randrange(len(scored))], "random"
+            case _:
+                chosen = scored[_sample([cost for cost, _, _ in scored], config.temperature, rng)]
+                reason = "sampled"
+    cost, credit, candidate = chosen
+    return Choice(candidate.worker_id, cost, credit, reason, best_credit, all_busy)
+
+
+def _score(
+    pool: Sequence[Candidate], overlaps: Mapping[str, TierOverlap], num_request_blocks: int, config: PolicyConfig
+) -> list[tuple[float, float, Candidate]]:
+    """(kv cost, credit, candidate) for each; inlined kv_cost because this runs per worker per route."""
+    weight, host_credit, disk_credit = config.prefill_weight, config.host_credit, config.disk_credit
+    no_overlap_cost = weight * max(num_request_blocks, 0)  # most workers hold none of the prompt
+    out = []
+    append = out.append
+    get = overlaps.get
+    for candidate in pool:
+        overlap = get(candidate.worker_id)
+        if overlap is None:
+            append((no_overlap_cost + candidate.load.num_active_blocks, 0.0, candidate))
+            continue
+        credit = overlap.credit(host_credit, disk_credit)
+        uncached = num_request_blocks - credit
+        prefill = weight * uncached if uncached > 0 else 0.0
+        append((prefill + candidate.load.num_active_blocks, credit, candidate))
+    return out
 
 
 def _sample(costs: list[float], temperature: float, rng: random.Random) -> int:

@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass, field
 
 import structlog
+import zmq
 import zmq.asyncio
 
+from common import protocol
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
 from common.hashing import block_hashes
 from common.protocol import (
@@ -31,7 +33,8 @@ from common.protocol import (
     WorkerRef,
 )
 from common.transport import Server, TransportConfig, new_id
-from services.router.index import PrefixIndex
+from services.router.approx_index import ApproxIndex
+from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry
@@ -42,6 +45,12 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True)
 class RouterConfig:
     endpoint: str = "tcp://127.0.0.1:5550"
+    # SUB socket workers publish KV events to; port 0 picks a free one.
+    events_endpoint: str = "tcp://127.0.0.1:0"
+    # What workers are told to connect to, when the bind address is not reachable as is (0.0.0.0 in a container).
+    events_advertise: str = ""
+    # Approximate mode (engines without KV events): how long a routed prefix counts as cached there.
+    approx_ttl_s: float = 120.0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # A worker silent this long is dropped (heartbeats come every ~0.25 s).
     heartbeat_timeout_s: float = 2.0
@@ -55,6 +64,10 @@ class RouterService:
         self.config = config
         self.registry = Registry()
         self.index = PrefixIndex()
+        self.approx = ApproxIndex(ttl_s=config.approx_ttl_s)
+        # Each worker's DEALER identity on our ROUTER socket, to ask it for a KV snapshot.
+        self._identities: dict[str, bytes] = {}
+        self.events_endpoint = ""
         self.policy = Policy(config.policy, seed=config.seed)
         self.metrics = RouterMetrics()
         self._server: Server | None = None
@@ -64,9 +77,18 @@ class RouterService:
         ctx = zmq.asyncio.Context()
         self._server = Server(ctx, self.config.endpoint, self.config.transport)
         self.endpoint = self._server.endpoint
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.max_message_bytes)
+        sub.setsockopt(zmq.RCVHWM, self.config.transport.hwm)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.bind(self.config.events_endpoint)
+        self.events_endpoint = self.config.events_advertise or sub.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port)
-        reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        loop = asyncio.get_running_loop()
+        reaper = loop.create_task(self._reap_loop())
+        events = loop.create_task(self._events_loop(sub))
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
@@ -88,6 +110,8 @@ class RouterService:
                     self._server.send_nowait(identity, reply)
         finally:
             reaper.cancel()
+            events.cancel()
+            sub.close(linger=0)
             self._server.close()
             ctx.term()
 
@@ -111,9 +135,12 @@ class RouterService:
                     return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
                 # A re-registration starts that worker's KV view from scratch; its events rebuild it.
                 self.index.remove_worker(info.worker_id)
+                self.approx.remove_worker(info.worker_id)
+                self._identities[info.worker_id] = identity
                 log.info("worker_registered", worker_id=info.worker_id, role=info.role, model=info.model,
                          endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size)
-                return RegisterAck(request_id=rid, worker_id=info.worker_id)
+                return RegisterAck(request_id=rid, worker_id=info.worker_id,
+                                   events_endpoint=self.events_endpoint if info.kv_events else "")
             case Unregister(worker_id=worker_id):
                 self._drop(worker_id, reason="unregistered")
                 return None
@@ -121,8 +148,6 @@ class RouterService:
                 entries = self.registry.workers()
                 return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
                                   loads=tuple(e.load for e in entries))
-            case KvEvents():
-                return self._apply_events(msg)
             case KvSnapshot():
                 self.index.load_snapshot(msg.worker_id, msg)
                 return None
@@ -141,15 +166,17 @@ class RouterService:
         assert entry is not None
         block_size, seed = entry.info.block_size, entry.info.hash_seed
         hashes = block_hashes(req.token_ids, block_size, seed)
-        overlaps = self.index.overlaps(hashes)
+        overlaps = self._overlaps(hashes)
         try:
             choice = self.policy.choose_route(hashes, len(req.token_ids), block_size, decode, prefill, overlaps)
         except NoWorkerError as exc:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
         self.registry.note_routed(choice.decode_worker_id)
+        self._note_approx(choice.decode_worker_id, hashes)
         prefill_ref = None
         if choice.prefill_worker_id is not None:
             self.registry.note_routed(choice.prefill_worker_id)
+            self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
         self.metrics.observe_route(choice, overlaps, len(hashes), time.perf_counter() - start_s)
         return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
@@ -167,29 +194,59 @@ class RouterService:
         assert entry is not None
         return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint)
 
-    def _apply_events(self, msg: KvEvents) -> Message | None:
-        if self.registry.get(msg.worker_id) is None:
-            return None  # events from a worker we dropped; it re-registers and resends a snapshot
-        result = self.index.apply_events(msg)
+    def _overlaps(self, hashes: list[int]) -> dict[str, TierOverlap]:
+        overlaps = self.index.overlaps(hashes)
+        if self.approx.num_blocks:
+            overlaps.update(self.approx.overlaps(hashes))
+        return overlaps
+
+    def _note_approx(self, worker_id: str, hashes: list[int]) -> None:
+        entry = self.registry.get(worker_id)
+        if entry is not None and not entry.info.kv_events:
+            self.approx.record(worker_id, hashes)
+
+    async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            data = await sub.recv()
+            try:
+                msg = protocol.decode(data)
+            except ProtocolError as exc:
+                log.warning("dropped_event", reason=str(exc))
+                continue
+            match msg:
+                case KvEvents():
+                    self._apply_events(msg)
+                case _:
+                    log.warning("dropped_event", reason=f"unexpected {type(msg).__name__} on the events socket")
+
+    def _apply_events(self, msg: KvEvents) -> None:
+        identity = self._identities.get(msg.worker_id)
+        if identity is None or self.registry.get(msg.worker_id) is None:
+            return  # a worker we dropped; it re-registers and republishes
+        check = self.index.apply_events(msg)
         self.metrics.events_applied.inc(len(msg.events))
-        if result.needs_snapshot:
-            log.warning("kv_event_gap", worker_id=msg.worker_id, expected=result.expected_event_id,
-                        got=msg.event_id)
+        if check.needs_snapshot:
+            log.warning("kv_event_gap", worker_id=msg.worker_id, expected=check.expected_event_id, got=msg.event_id)
             self.metrics.event_gaps.inc()
-            return KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id)
-        return None
+            assert self._server is not None
+            self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id))
 
     def _drop(self, worker_id: str, reason: str) -> None:
         if self.registry.unregister(worker_id):
-            self.index.remove_worker(worker_id)
-            self.metrics.forget_worker(worker_id)
+            self._forget(worker_id)
             log.warning("worker_dropped", worker_id=worker_id, reason=reason)
+
+    def _forget(self, worker_id: str) -> None:
+        self.index.remove_worker(worker_id)
+        self.approx.remove_worker(worker_id)
+        self._identities.pop(worker_id, None)
+        self.metrics.forget_worker(worker_id)
 
     async def _reap_loop(self) -> None:
         interval_s = self.config.heartbeat_timeout_s / 4
         while True:
             await asyncio.sleep(interval_s)
+            self.approx.expire()
             for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
-                self.index.remove_worker(worker_id)
-                self.metrics.forget_worker(worker_id)
+                self._forget(worker_id)
                 log.warning("worker_dropped", worker_id=worker_id, reason="missed heartbeats")

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import structlog
+import zmq
 import zmq.asyncio
 
 from common.errors import EngineError, ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
@@ -19,7 +20,9 @@ from common.protocol import (
     Generate,
     GetStats,
     Heartbeat,
+    KvSnapshotRequest,
     Message,
+    RegisterAck,
     RegisterWorker,
     Role,
     Tokens,
@@ -29,6 +32,7 @@ from common.protocol import (
 )
 from common.transport import Client, Server, TransportConfig, new_id
 from services.worker.engine import Engine, EngineRequest
+from services.worker.kv_events import KvEventPublisher
 
 log = structlog.get_logger(__name__)
 
@@ -57,9 +61,13 @@ class WorkerService:
         self._router: Client | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._must_register = asyncio.Event()
+        # Engines with a prefix cache that reports its changes publish KV events; others don't.
+        self._events = (KvEventPublisher(config.worker_id, engine)  # type: ignore[arg-type]
+                        if hasattr(engine, "drain_kv_events") else None)
+        self._ctx: zmq.asyncio.Context | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        ctx = zmq.asyncio.Context()
+        ctx = self._ctx = zmq.asyncio.Context()
         self._server = Server(ctx, self.config.endpoint, self.config.transport)
         self.endpoint = self._server.endpoint
         self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
@@ -70,6 +78,8 @@ class WorkerService:
             await self._register()
             loop = asyncio.get_running_loop()
             background.append(loop.create_task(self._heartbeat_loop()))
+            if self._events is not None:
+                background.append(loop.create_task(self._events.run()))
             log.info("worker_ready", worker_id=self.config.worker_id, role=self.config.role,
                      endpoint=self.endpoint, num_blocks=self.engine.num_blocks)
             if ready is not None:
@@ -83,6 +93,8 @@ class WorkerService:
             except Exception:  # the router may be gone already; it will expire us
                 pass
             await self.engine.shutdown()
+            if self._events is not None:
+                self._events.close()
             await self._router.close()
             self._server.close()
             ctx.term()
@@ -147,7 +159,7 @@ class WorkerService:
             worker_id=self.config.worker_id, role=self.config.role, model=self.config.model,
             block_size=self.engine.block_size, num_blocks=self.engine.num_blocks, endpoint=self.endpoint,
             engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
-            max_model_len=self.engine.max_model_len,
+            max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
         )
 
     async def _register(self) -> None:
@@ -156,9 +168,13 @@ class WorkerService:
         backoff_s = 0.1
         while True:
             try:
-                await self._router.request(RegisterWorker(request_id=new_id("reg"), info=self._info()),
-                                           timeout_s=self.config.register_timeout_s)
+                ack = await self._router.request(RegisterWorker(request_id=new_id("reg"), info=self._info()),
+                                                 timeout_s=self.config.register_timeout_s)
+                assert isinstance(ack, RegisterAck)
                 self._must_register.clear()
+                if self._events is not None and ack.events_endpoint:
+                    assert self._ctx is not None
+                    self._events.connect(self._ctx, ack.events_endpoint, self.config.transport)
                 log.info("registered", worker_id=self.config.worker_id, router=self.config.router_endpoint)
                 return
             except RemoteError as exc:
@@ -175,6 +191,9 @@ class WorkerService:
         match msg:
             case ErrorReply(code="not_registered"):
                 self._must_register.set()
+            case KvSnapshotRequest(request_id=rid):
+                if self._events is not None and self._router is not None:
+                    self._router.send_nowait(self._events.snapshot(rid))
             case _:
                 log.warning("unexpected_router_message", type=type(msg).__name__)
 
@@ -186,5 +205,9 @@ class WorkerService:
                 log.warning("router_forgot_us", worker_id=self.config.worker_id)
                 await self._register()
             seq += 1
-            self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=self.engine.load(), seq=seq))
+            try:
+                self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=self.engine.load(),
+                                                   seq=seq))
+            except zmq.Again:  # router unreachable and our queue full: the next beat will do
+                pass
             await asyncio.sleep(self.config.heartbeat_interval_s)

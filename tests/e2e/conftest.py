@@ -20,3 +20,12 @@ def mock_agg(tmp_path_factory) -> Graph:
                         "--mock-speedup", "10", "--num-blocks", "512")
     yield graph
     graph.stop()
+
+
+@pytest.fixture(scope="session")
+def mock_kv2(tmp_path_factory) -> Graph:
+    """2 aggregated mock workers behind the KV-aware router."""
+    graph = start_graph(tmp_path_factory.mktemp("kv2"), "--engine", "mock", "--aggregated", "2",
+                        "--mock-speedup", "10", "--num-blocks", "512", "--router-policy", "kv")
+    yield graph
+    graph.stop()

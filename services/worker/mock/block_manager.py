@@ -74,6 +74,10 @@ class BlockManager:
         """Blocks a new allocation can get: free plus evictable cached ones."""
         return len(self._free) + len(self._evictable)
 
+    def cached_hashes(self) -> tuple[int, ...]:
+        """Every block hash in the prefix cache (for a KV snapshot)."""
+        return tuple(self._cached)
+
     @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)

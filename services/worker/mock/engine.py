@@ -170,6 +170,10 @@ class MockEngine:
         """Prefix-cache stores and evictions since the previous call, for the worker to publish."""
         return self._blocks.drain_events()
 
+    def kv_snapshot(self) -> tuple[int, ...]:
+        """Hashes of every cached block now; events drained after this call apply on top."""
+        return self._blocks.cached_hashes()
+
     # ------------------------------------------------------------------------------------------ request
 
     def _check_serving(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from common.protocol import (
@@ -148,7 +150,8 @@ def test_event_tracker_verdicts() -> None:
 def test_apply_events_in_order_and_duplicates() -> None:
     index = PrefixIndex()
     assert index.apply_events(batch("a", 0, stored(REQ[:2]))).action == "apply"
-    assert index.apply_events(batch("a", 1, stored(REQ[2:3]), BlockRemoved(block_hashes=(REQ[1],), tier="device"))).action == "apply"
+    second = batch("a", 1, stored(REQ[2:3]), BlockRemoved(block_hashes=(REQ[1],), tier="device"))
+    assert index.apply_events(second).action == "apply"
     assert index.apply_events(batch("a", 1, stored(REQ[1:2]))).action == "duplicate"  # dropped
     assert index.overlaps(REQ) == {"a": TierOverlap(1, 1, 1)}
 
@@ -165,7 +168,8 @@ def test_gap_then_snapshot_rebuilds_and_replays() -> None:
     assert held.action == "awaiting_snapshot" and not held.needs_snapshot
     # The snapshot reflects batches 0..2 (batch 2 had removed 900 and stored REQ[2] on host).
     snap = KvSnapshot(request_id="s", worker_id="a", event_id=2, tier_blocks=(
-        StoredBlock(REQ[0], None, "device"), StoredBlock(REQ[1], REQ[0], "device"), StoredBlock(REQ[2], REQ[1], "host"),
+        StoredBlock(REQ[0], None, "device"), StoredBlock(REQ[1], REQ[0], "device"),
+        StoredBlock(REQ[2], REQ[1], "host"),
     ))
     result = index.load_snapshot("a", snap)
     assert (result.num_blocks, result.num_replayed, result.needs_snapshot) == (3, 2, False)
@@ -183,7 +187,8 @@ def test_snapshot_older_than_held_batches_asks_again() -> None:
     index = PrefixIndex()
     index.apply_events(batch("a", 0, stored(REQ[:1])))
     index.apply_events(batch("a", 5, stored(REQ[1:2])))  # gap: 1..4 lost
-    snap = KvSnapshot(request_id="s", worker_id="a", event_id=2, tier_blocks=(StoredBlock(REQ[0], None, "device"),))
+    snap = KvSnapshot(request_id="s", worker_id="a", event_id=2,
+                      tier_blocks=(StoredBlock(REQ[0], None, "device"),))
     result = index.load_snapshot("a", snap)
     assert result.needs_snapshot  # batches 3, 4 still missing before the held 5
     snap2 = KvSnapshot(request_id="s2", worker_id="a", event_id=5, tier_blocks=(
@@ -267,3 +272,38 @@ def test_approx_index_remove_worker_and_rerecord() -> None:
     assert index.overlaps(REQ) == {"a": TierOverlap(3, 3, 3)}
     with pytest.raises(ValueError):
         ApproxIndex(ttl_s=0)
+
+
+def _reference_overlap(layout: dict[str, dict[str, set[int]]], shared: set[str], worker: str,
+                       hashes: list[int]) -> TierOverlap:
+    """The TierOverlap definition, literally: leading blocks each held in tier-or-better (own or shared)."""
+    def held(block_hash: int, tiers: tuple[str, ...]) -> bool:
+        return any(block_hash in layout.get(src, {}).get(t, set()) for src in {worker} | shared for t in tiers)
+
+    def run(tiers: tuple[str, ...]) -> int:
+        n = 0
+        while n < len(hashes) and held(hashes[n], tiers):
+            n += 1
+        return n
+
+    return TierOverlap(run(("device",)), run(("device", "host")), run(("device", "host", "disk")))
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_overlaps_match_definition(case: int) -> None:
+    rng = random.Random(case)
+    hashes = list(range(1, 13))
+    sources = ["a", "b", "c", "kvtier"]
+    shared = {"kvtier"} if case % 2 else set()
+    tiers = ("device",) if case % 4 == 0 else ("device", "host", "disk")  # device-only and general walks
+    index = PrefixIndex(shared_source_ids=shared)
+    layout: dict[str, dict[str, set[int]]] = {}
+    for src in sources:
+        for tier in tiers:
+            chosen = {h for h in hashes if rng.random() < (0.9 if src != "kvtier" else 0.3)}
+            layout.setdefault(src, {})[tier] = chosen
+            index.apply(src, stored(sorted(chosen), tier))
+    workers = ["a", "b", "c", "fresh"]
+    expected = {w: _reference_overlap(layout, shared, w, hashes) for w in workers}
+    got = index.overlaps(hashes, worker_ids=workers)
+    assert got == {w: o for w, o in expected.items() if o.disk}

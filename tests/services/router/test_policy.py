@@ -164,6 +164,10 @@ def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expecte
 HASHES = list(range(1000, 1250))  # 250 full blocks = a 4,000-token prompt
 
 
+def summary(choice: RouteChoice) -> tuple:
+    return (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason)
+
+
 def route(policy: Policy, prompt_tokens: int, decode, prefill, overlaps) -> RouteChoice:
     return policy.choose_route(HASHES[: prompt_tokens // BS], prompt_tokens, BS, decode, prefill, overlaps)
 
@@ -171,7 +175,7 @@ def route(policy: Policy, prompt_tokens: int, decode, prefill, overlaps) -> Rout
 def test_route_aggregated() -> None:
     choice = route(Policy(KV), 4000, [cand("w1", active=50), cand("w2")], [], {"w1": dev(100)})
     # w1: 150 to compute + 50 active = 200; w2: 250.
-    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+    assert summary(choice) == (
         "w1", None, 1600, "no_prefill_pool")
     assert choice.decode == Choice("w1", 200.0, 100.0, "lowest_cost", 100.0)
     assert choice.prefill is None
@@ -180,7 +184,7 @@ def test_route_aggregated() -> None:
 def test_route_remote_prefill_on_best_prefill_worker() -> None:
     overlaps = {"p2": TierOverlap(100, 150, 150), "d1": dev(3)}
     choice = route(Policy(KV), 4000, [cand("d1"), cand("d2", active=1)], [cand("p1"), cand("p2")], overlaps)
-    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+    assert summary(choice) == (
         "d1", "p2", 150 * BS, "remote")
     assert choice.prefill == Choice("p2", 250 - 137.5, 137.5, "lowest_cost", 137.5)
 
@@ -188,7 +192,7 @@ def test_route_remote_prefill_on_best_prefill_worker() -> None:
 def test_route_short_uncached_stays_local() -> None:
     # d1 holds 240 of 250 blocks: 160 uncached tokens <= 256.
     choice = route(Policy(KV), 4000, [cand("d1"), cand("d2")], [cand("p1")], {"d1": dev(240)})
-    assert (choice.decode_worker_id, choice.prefill_worker_id, choice.num_cached_tokens_predicted, choice.reason) == (
+    assert summary(choice) == (
         "d1", None, 3840, "short_uncached")
 
 
