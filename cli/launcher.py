@@ -45,6 +45,8 @@ class GraphSpec:
     log_json: bool = False
     # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
     ready_timeout_s: float = 300.0
+    # Crashed children are restarted; more crashes than this in a minute stop the whole graph.
+    max_restarts_per_min: int = 5
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,26 +91,36 @@ def launch(spec: GraphSpec) -> int:
                      "--port", str(spec.port)])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     children: list[subprocess.Popen[bytes]] = []
+    restarts: list[float] = []
     stopping = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
+    def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
+                                preexec_fn=_die_with_parent)
+
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        for cmd in commands:
-            children.append(subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
-                                             preexec_fn=_die_with_parent))
+        children.extend(spawn(cmd) for cmd in commands)
         url = f"http://{spec.host}:{spec.port}"
         ready = False
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
-            if any(c.poll() is not None for c in children):
-                dead = [c.args[3] for c in children if c.poll() is not None]  # type: ignore[index]
-                log.error("child_exited", services=dead)
-                return 1
+            for i, child in enumerate(children):
+                if child.poll() is None:
+                    continue
+                # Like systemd's Restart=on-failure: bring a crashed service back, unless it keeps crashing.
+                now = time.monotonic()
+                restarts[:] = [t for t in restarts if now - t < 60.0] + [now]
+                log.error("child_exited", service=commands[i][0], args=" ".join(commands[i][1:6]),
+                          returncode=child.returncode, num_recent_restarts=len(restarts))
+                if not ready or len(restarts) > spec.max_restarts_per_min:
+                    return 1
+                children[i] = spawn(commands[i])
             if not ready:
                 ready = _healthy(url)
                 if ready:

@@ -51,6 +51,9 @@ def worker(
     role: str = typer.Option("both", help="prefill | decode | both"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
+    advertise_endpoint: Optional[str] = typer.Option(
+        None, "--advertise", help="Endpoint registered with the router, when peers must dial another address "
+        "than --endpoint (e.g. tcp://prefill:5560 for a container bound to 0.0.0.0)"),
     served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
     worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
     engine: str = typer.Option("mock", help="mock | vllm"),
@@ -99,7 +102,8 @@ def worker(
     else:
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
-                                         endpoint=endpoint, engine_kind=engine, hash_seed=hash_seed(name)), eng)
+                                         endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
+                                         engine_kind=engine, hash_seed=hash_seed(name)), eng)
     run_service(service.run)
 
 
@@ -124,6 +128,8 @@ def frontend(
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     max_body_mib: float = typer.Option(8.0, help="Largest request body accepted"),
     migration_limit: int = typer.Option(3, help="Times a request may move after losing its worker"),
+    api_key: str = typer.Option("", envvar="SPLITSERVE_API_KEY", help="Require this Bearer key on /v1/*"),
+    max_inflight: int = typer.Option(4096, help="Requests in flight before new ones get 503"),
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -136,7 +142,8 @@ def frontend(
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit),
-        http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024)))
+        http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024)),
+        api_key=api_key, max_inflight_requests=max_inflight)
     run_service(FrontendService(config).run)
 
 

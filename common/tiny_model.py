@@ -2,7 +2,7 @@
 
 ``make_tiny_model`` writes config.json, random weights (fixed seed, safetensors), a byte-level BPE tokenizer
 trained on Python's own stdlib sources, a ChatML chat template and generation_config.json. Same arguments on
-the same Python installation give the same bytes (the tokenizer's training text is that installation's stdlib).
+the same Python installation give the same bytes (the tokenizer trains on that installation's stdlib).
 ``validate_model_dir`` checks any model directory (ours or a user's) cheaply, before an engine is started.
 """
 
@@ -121,7 +121,7 @@ def validate_model_dir(path: Path) -> ModelInfo:
             weight_files=tuple(weight_files),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise ModelError(f"{path / 'config.json'} lacks a required field or has a bad value: {exc!r}") from exc
+        raise ModelError(f"{path / 'config.json'} has a missing or bad field: {exc!r}") from exc
 
 
 # ------------------------------------------------------------------------------------------------ writing

@@ -38,6 +38,9 @@ class Graph:
     router: str
     log_path: Path
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -106,3 +109,19 @@ def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> b
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+def child_pid(graph: Graph, needle: str) -> int:
+    """PID of the graph's child process whose command line contains ``needle`` (e.g. "--worker-id both-0")."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == graph.proc.pid and needle in cmdline:
+            return int(entry.name)
+    raise LookupError(f"no child of {graph.proc.pid} matches {needle!r}")

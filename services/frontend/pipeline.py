@@ -43,6 +43,10 @@ class PipelineConfig:
     stream_idle_timeout_s: float = 120.0
     # How often a request may be moved to another worker after its worker was lost.
     migration_limit: int = 3
+    # How often the frontend asks the router who is alive; a worker missing from worker_lost_polls answers
+    # in a row is lost and its streams migrate (more than one: a restarted router needs a beat to relearn).
+    worker_watch_interval_s: float = 0.5
+    worker_lost_polls: int = 3
     transport: TransportConfig = TransportConfig()
 
 
@@ -61,6 +65,8 @@ class Pipeline:
         self._ctx = zmq.asyncio.Context()
         self._router = Client(self._ctx, config.router_endpoint, config.transport)
         self._workers: dict[str, Client] = {}
+        self._missing_polls: dict[str, int] = {}
+        self.last_worker_list: WorkerList | None = None
 
     async def close(self) -> None:
         await self._router.close()
@@ -74,6 +80,28 @@ class Pipeline:
             client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport)
             client.start()
         return client
+
+    async def watch_workers(self) -> None:
+        """Fail the streams of workers the router no longer lists, so their requests migrate at once."""
+        while True:
+            await asyncio.sleep(self.config.worker_watch_interval_s)
+            try:
+                listed = await self.list_workers()
+            except (TransportTimeout, RemoteError):
+                continue  # router down or restarting: no verdict on workers
+            self.last_worker_list = listed
+            alive = {w.endpoint for w in listed.workers}
+            for endpoint in list(self._workers):
+                if endpoint in alive:
+                    self._missing_polls.pop(endpoint, None)
+                    continue
+                self._missing_polls[endpoint] = self._missing_polls.get(endpoint, 0) + 1
+                if self._missing_polls[endpoint] >= self.config.worker_lost_polls:
+                    log.warning("worker_lost", endpoint=endpoint)
+                    del self._missing_polls[endpoint]
+                    client = self._workers.pop(endpoint)
+                    client.fail_streams(WorkerLost(f"worker at {endpoint} left the cluster"))
+                    await client.close()
 
     async def list_workers(self, timeout_s: float = 1.0) -> WorkerList:
         reply = await self._router.request(ListWorkers(request_id=new_id("ls")), timeout_s)

@@ -37,8 +37,12 @@ class FrontendConfig:
     model_dir: Path
     pipeline: PipelineConfig
     http: HttpConfig = field(default_factory=HttpConfig)
-    # Seconds a /health or /v1/models answer from the router is reused.
+    # Seconds a /health answer from the router is reused.
     worker_list_ttl_s: float = 0.5
+    # Clients must send `Authorization: Bearer <api_key>` on /v1/* when set.
+    api_key: str = ""
+    # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
+    max_inflight_requests: int = 4096
 
 
 class FrontendService:
@@ -49,6 +53,8 @@ class FrontendService:
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.port = 0
         self._workers_cache: tuple[float, int] = (0.0, 0)  # (monotonic time, decode-capable workers)
+        self._num_inflight = 0
+        self._auth = f"Bearer {config.api_key}" if config.api_key else ""
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -58,15 +64,19 @@ class FrontendService:
             if ready is not None:
                 ready.set()
 
+        watcher = asyncio.get_running_loop().create_task(self.pipeline.watch_workers())
         try:
             await serve(self.handle, self.config.http, self._on_handler_error, started)
         finally:
+            watcher.cancel()
             await self.pipeline.close()
 
     # ------------------------------------------------------------------------------------------- dispatch
     async def handle(self, req: Request, resp: Response) -> None:
         endpoint = req.path
         try:
+            if self._auth and req.path.startswith("/v1/") and req.headers.get("authorization") != self._auth:
+                raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
             match (req.method, req.path):
                 case ("POST", "/v1/chat/completions"):
                     await self._chat(req, resp)
@@ -169,6 +179,17 @@ class FrontendService:
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
                         stop: tuple[str, ...], body) -> None:
+        if self._num_inflight >= self.config.max_inflight_requests:
+            raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
+                           headers=((b"retry-after", b"1"),))
+        self._num_inflight += 1
+        try:
+            await self._generate_inner(resp, shape, token_ids, sampling, stop, body)
+        finally:
+            self._num_inflight -= 1
+
+    async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
+                              stop: tuple[str, ...], body) -> None:
         start_s = time.perf_counter()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         detok = self.tokenizer.decoder()

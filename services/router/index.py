@@ -139,13 +139,15 @@ class PrefixIndex:
             # Look a slower tier up only for alive bits the faster tiers do not already cover: with the
             # prefix on device (or shared on host) most blocks cost one or two lookups, not three.
             h = d
-            if alive_h & ~h:
+            host_looked_up = alive_h & ~h
+            if host_looked_up:
                 h |= host(block_hash, 0)
                 if h & shared:
                     h = every
             k = h
             if alive_k & ~k:
-                k |= disk(block_hash, 0)
+                # Host holders count at the disk level too: add them if the host step was skipped.
+                k |= disk(block_hash, 0) if host_looked_up else disk(block_hash, 0) | host(block_hash, 0)
                 if k & shared:
                     k = every
             # Sets only shrink and alive_d <= alive_h <= alive_k, so an empty alive_k ends every run.

@@ -45,6 +45,9 @@ class WorkerConfig:
     router_endpoint: str
     # Where frontends reach this worker; port 0 picks a free one (the real one is registered).
     endpoint: str = "tcp://127.0.0.1:0"
+    # Endpoint registered with the router when peers must dial another address than the bound one (a
+    # container binding 0.0.0.0 advertises its service hostname); "" registers the bound endpoint.
+    advertise_endpoint: str = ""
     engine_kind: str = "mock"
     hash_seed: int = 0
     heartbeat_interval_s: float = 0.25
@@ -157,8 +160,9 @@ class WorkerService:
     def _info(self) -> WorkerInfo:
         return WorkerInfo(
             worker_id=self.config.worker_id, role=self.config.role, model=self.config.model,
-            block_size=self.engine.block_size, num_blocks=self.engine.num_blocks, endpoint=self.endpoint,
-            engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
+            block_size=self.engine.block_size, num_blocks=self.engine.num_blocks,
+            endpoint=self.config.advertise_endpoint or self.endpoint, engine=self.config.engine_kind,
+            hash_seed=self.config.hash_seed,
             max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
         )
 

@@ -49,7 +49,7 @@ _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", 
 class VllmEngineConfig:
     model: Path
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # Tokens per KV block; must match the router's hashing (DESIGN §3). vLLM CPU attention needs a multiple of 32.
+    # Tokens per KV block; must match the router's hashing (DESIGN §3). CPU attention needs a multiple of 32.
     block_size: int = 32
     # Caps KV blocks (vLLM num_gpu_blocks_override); None: as many as kv_cache_space_gib holds.
     num_blocks: int | None = None
@@ -218,7 +218,12 @@ class VllmEngine:
             self._in_flight.discard(request.request_id)
 
     def _final_output(
-        self, request: EngineRequest, out: Any, token_ids: tuple[int, ...], num_prompt: int, failures_before: int
+        self,
+        request: EngineRequest,
+        out: Any,
+        token_ids: tuple[int, ...],
+        num_prompt: int,
+        failures_before: int,
     ) -> EngineOutput:
         reason = _FINISH_REASONS.get(str(out.outputs[0].finish_reason), "error")
         kv_transfer = None

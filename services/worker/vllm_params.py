@@ -14,7 +14,9 @@ from services.worker.engine import EngineRequest
 from services.worker.vllm_first_token import FORCED_TOKEN_KEY
 
 
-def to_vllm_sampling(request: EngineRequest, model: ModelInfo | None) -> tuple[VllmSamplingParams, int | None]:
+def to_vllm_sampling(
+    request: EngineRequest, model: ModelInfo | None
+) -> tuple[VllmSamplingParams, int | None]:
     """vLLM sampling params for a request, and the first token to force (decode requests) or None."""
     sampling = request.sampling
     stop_ids = set(sampling.stop_token_ids)
@@ -47,7 +49,7 @@ def to_vllm_sampling(request: EngineRequest, model: ModelInfo | None) -> tuple[V
 
 
 def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
-    """The kv_transfer_params dict a decode request gives vLLM's NixlConnector (key names as 0.32 reads them)."""
+    """The kv_transfer_params a decode request gives vLLM's NixlConnector (key names as 0.32 reads them)."""
     if not kv.remote_request_id:
         raise EngineError("KvTransferParams.remote_request_id is empty; vLLM's NixlConnector needs it")
     return {
@@ -66,7 +68,7 @@ def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
 def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int) -> KvTransferParams:
     """Type the kv_transfer_params a finished prefill-only request returns."""
     if not params:
-        raise EngineError("prefill finished without kv_transfer_params: is the engine's NixlConnector loaded?")
+        raise EngineError("prefill finished without kv_transfer_params: is the NixlConnector loaded?")
     try:
         groups = params["remote_block_ids"]
         if len(groups) != 1:

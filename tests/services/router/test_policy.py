@@ -19,6 +19,7 @@ from services.router.policy import (
     RouteChoice,
     choose_worker,
     decide_prefill,
+    kv_cost,
 )
 
 BS = 16
@@ -86,6 +87,15 @@ KV = PolicyConfig()
 )
 def test_choose_worker(candidates, overlaps, blocks, config, expected) -> None:
     assert choose_worker(candidates, overlaps, blocks, config, random.Random(0), 0) == expected
+
+
+def test_kv_cost_matches_choice() -> None:
+    load = WorkerLoad(num_active_blocks=7)
+    overlap = TierOverlap(2, 6, 10)  # credit 6
+    assert kv_cost(load, overlap, 10, KV) == (11.0, 6.0)
+    assert kv_cost(load, overlap, 10, PolicyConfig(prefill_weight=2.0)) == (15.0, 6.0)
+    choice = choose_worker([Candidate("a", load)], {"a": overlap}, 10, KV, random.Random(0), 0)
+    assert (choice.cost, choice.overlap_blocks) == kv_cost(load, overlap, 10, KV)
 
 
 @pytest.mark.parametrize(("rr_index", "expected"), [(0, "a"), (1, "b"), (2, "c"), (3, "a"), (7, "b")])

@@ -130,13 +130,17 @@ def _prompts() -> list[list[int]]:
 
 
 def _generate(engine: SmokeEngine, rid: str, token_ids: list[int], sampling: dict, **extra: Any) -> dict:
-    return engine.call({"op": "generate", "request_id": rid, "token_ids": token_ids, "sampling": sampling, **extra})
+    cmd = {"op": "generate", "request_id": rid, "token_ids": token_ids, "sampling": sampling}
+    return engine.call({**cmd, **extra})
 
 
-def _disaggregated(prefill: SmokeEngine, decode: SmokeEngine, rid: str, prompt: list[int], sampling: dict) -> list:
+def _disaggregated(
+    prefill: SmokeEngine, decode: SmokeEngine, rid: str, prompt: list[int], sampling: dict
+) -> list[int]:
     first = _generate(prefill, f"{rid}-p", prompt, sampling, prefill_only=True)
     assert len(first["token_ids"]) == 1 and first["kv_transfer"]["remote_engine_id"] == "prefill-0"
-    rest = _generate(decode, f"{rid}-d", prompt + first["token_ids"], sampling, kv_transfer=first["kv_transfer"])
+    kv = first["kv_transfer"]
+    rest = _generate(decode, f"{rid}-d", prompt + first["token_ids"], sampling, kv_transfer=kv)
     assert rest["finish_reason"] == "length" and not rest["transfer_failed"]
     return first["token_ids"] + rest["token_ids"]
 
