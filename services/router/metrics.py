@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from common.protocol import WorkerLoad
@@ -19,12 +17,12 @@ class RouterMetrics:
             buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2),
         )
         self.predicted_hit_blocks = Counter(
-            "splitserve_router_predicted_hit_blocks", "Request blocks predicted cached on the chosen worker",
+            "splitserve_router_predicted_hit_blocks", "Request blocks predicted cached on the chosen worker (tier-weighted)",
             registry=r)
         self.request_blocks = Counter("splitserve_router_request_blocks", "Full blocks in routed prompts",
                                       registry=r)
         self.best_overlap_blocks = Counter(
-            "splitserve_router_best_overlap_blocks", "Device overlap of the best worker, chosen or not",
+            "splitserve_router_best_overlap_blocks", "Overlap of the best worker, chosen or not (tier-weighted)",
             registry=r)
         self.events_applied = Counter("splitserve_router_kv_events_applied", "KV events applied", registry=r)
         self.event_gaps = Counter("splitserve_router_kv_event_gaps", "Event-number gaps (snapshot asked)",
@@ -38,15 +36,13 @@ class RouterMetrics:
         self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
                                     ["worker_id"], registry=r)
 
-    def observe_route(self, choice, overlaps: Mapping, num_blocks: int, seconds: float) -> None:
+    def observe_route(self, choice, num_blocks: int, seconds: float) -> None:
         self.routes.labels(prefill="remote" if choice.prefill_worker_id else "local").inc()
         self.decision_seconds.observe(seconds)
         self.request_blocks.inc(num_blocks)
-        chosen = overlaps.get(choice.decode_worker_id)
-        if chosen is not None:
-            self.predicted_hit_blocks.inc(chosen.device)
-        if overlaps:
-            self.best_overlap_blocks.inc(max(o.device for o in overlaps.values()))
+        # Tier-weighted overlaps (device + 0.75 host + 0.25 disk), as the cost function sees them.
+        self.predicted_hit_blocks.inc(choice.decode.overlap_blocks)
+        self.best_overlap_blocks.inc(choice.decode.best_overlap_blocks)
 
     def observe_load(self, worker_id: str, load: WorkerLoad) -> None:
         self.worker_free_blocks.labels(worker_id=worker_id).set(load.num_free_blocks)

@@ -149,7 +149,8 @@ class RouterService:
                 return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
                                   loads=tuple(e.load for e in entries))
             case KvSnapshot():
-                self.index.load_snapshot(msg.worker_id, msg)
+                if self.index.load_snapshot(msg.worker_id, msg).needs_snapshot:
+                    return KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id)
                 return None
             case _:
                 raise ProtocolError(f"router does not handle {type(msg).__name__}")
@@ -178,7 +179,7 @@ class RouterService:
             self.registry.note_routed(choice.prefill_worker_id)
             self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
-        self.metrics.observe_route(choice, overlaps, len(hashes), time.perf_counter() - start_s)
+        self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
         return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
                      num_cached_tokens_predicted=choice.num_cached_tokens_predicted)
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ def _free_port() -> int:
 class SmokeEngine:
     """One engine process spoken to with JSON lines."""
 
-    def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str) -> None:
+    def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str, log_dir: Path) -> None:
         from services.worker.vllm_engine import VllmEngineConfig, engine_process_env
 
         port = _free_port()
@@ -59,7 +60,7 @@ class SmokeEngine:
             "engine_id": engine_id,
         }
         env = {**os.environ, **engine_process_env(config, core_id), "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
-        self.log_path = Path(f"/tmp/vllm_smoke_{engine_id}_{os.getpid()}.log")
+        self.log_path = log_dir / f"{engine_id}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.worker.vllm_smoke", json.dumps(fields)],
@@ -70,12 +71,22 @@ class SmokeEngine:
             stderr=self._log,
             text=True,
         )
+        # A reader thread, so a hung engine fails the test at a timeout instead of hanging it.
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # end of stream
 
     def read(self, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(f"no answer within {timeout_s} s; log: {self.log_path}") from None
             if not line:
                 raise AssertionError(f"engine exited (rc={self.proc.poll()}); log: {self.log_path}")
             if line.startswith("SMOKE "):
@@ -83,7 +94,6 @@ class SmokeEngine:
                 if "error" in answer:
                     raise AssertionError(f"{answer['error']} (log: {self.log_path})")
                 return answer
-        raise AssertionError(f"no answer within {timeout_s} s; log: {self.log_path}")
 
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -110,9 +120,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model: Path) -> Iterator[tuple[SmokeEngine, SmokeEngine]]:
-    prefill = SmokeEngine(tiny_model, core_id=0, engine_id="prefill-0", kv_role="prefill")
-    decode = SmokeEngine(tiny_model, core_id=1, engine_id="decode-0", kv_role="decode")
+def engines(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SmokeEngine, SmokeEngine]]:
+    logs = tmp_path_factory.mktemp("logs")
+    prefill = SmokeEngine(tiny_model, core_id=0, engine_id="prefill-0", kv_role="prefill", log_dir=logs)
+    decode = SmokeEngine(tiny_model, core_id=1, engine_id="decode-0", kv_role="decode", log_dir=logs)
     try:
         for engine in (prefill, decode):
             ready = engine.read(START_TIMEOUT_S)
