@@ -52,6 +52,21 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """utime+stime per thread name (threads of one name summed): main thread vs ZeroMQ I/O threads."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_bytes()
+        except OSError:
+            continue
+        name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace")
+        name = "main" if task.name == str(pid) else name
+        fields = stat[stat.rfind(b")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def children(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -148,9 +163,11 @@ def build_requests(port: int, model_name: str, texts: list[str], max_tokens: int
 
 def measure(pids: dict[str, int], port: int, requests: list[bytes], concurrency: int,
             max_tokens: int) -> dict:
+    threads0 = thread_cpu_s(pids["frontend"])
     cpu0 = {name: proc_cpu_s(pid) for name, pid in pids.items()}
     result = run_load_sync("127.0.0.1", port, requests, concurrency, expected_tokens=max_tokens)
     cpu1 = {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    threads1 = thread_cpu_s(pids["frontend"])
     summary = result.summary(expected_tokens=max_tokens)
     n = max(1, result.num_ok + result.num_errors)
     per_req = {name: round((cpu1[name] - cpu0[name]) * 1e3 / n, 4) for name in pids}
@@ -161,6 +178,10 @@ def measure(pids: dict[str, int], port: int, requests: list[bytes], concurrency:
         **{k: per_req[k] for k in workers},
         "client": summary["client_cpu_ms_per_request"],
     }
+    n_all = max(1, result.num_ok + result.num_errors)
+    summary["frontend_threads_cpu_ms_per_request"] = {
+        name: round((threads1[name] - threads0.get(name, 0.0)) * 1e3 / n_all, 4) for name in threads1
+        if threads1[name] - threads0.get(name, 0.0) > 0}
     summary["cpu_s_total"] = {name: round(cpu1[name] - cpu0[name], 3) for name in pids}
     summary["frontend_cpu_utilisation"] = round((cpu1["frontend"] - cpu0["frontend"]) / result.wall_s, 3)
     return summary
@@ -285,6 +306,7 @@ def main() -> None:
               f"TTFT p50 {r['ttft_ms']['p50']} ms, e2e p50 {r['e2e_ms']['p50']} p99 {r['e2e_ms']['p99']} ms")
         print(f"        CPU ms/req: frontend {c['frontend']}  router {c['router']}  workers {c['workers_total']}  "
               f"client {c['client']}   (frontend busy {r['frontend_cpu_utilisation']:.0%})")
+        print(f"        frontend threads CPU ms/req: {r['frontend_threads_cpu_ms_per_request']}")
     print("  goals:", {k: v for k, v in goals.items() if k.endswith("_met")})
     print(f"  wrote {args.out}")
 

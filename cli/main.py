@@ -30,6 +30,8 @@ def router(
     policy: str = typer.Option("kv", help="kv | round-robin | random | least-loaded"),
     local_prefill_max_tokens: int = typer.Option(256, help="Uncached prompt tokens at or below which the "
                                                  "decode worker prefills locally"),
+    events_endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ SUB bind address for KV events"),
+    events_advertise: str = typer.Option("", help="KV-event address workers are told (default: the bound one)"),
     heartbeat_timeout_s: float = typer.Option(2.0, help="Drop a worker silent this long"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
     log_level: str = LogLevel,
@@ -40,7 +42,8 @@ def router(
     from services.router.service import RouterConfig, RouterService
 
     configure_logging(log_level, log_json, "router")
-    config = RouterConfig(endpoint=endpoint, heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
+    config = RouterConfig(endpoint=endpoint, events_endpoint=events_endpoint, events_advertise=events_advertise,
+                          heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens))
     run_service(RouterService(config).run)
 
@@ -115,8 +118,8 @@ def _reexec_with_engine_env(env: dict[str, str]) -> None:
     if os.environ.get("SPLITSERVE_REEXECED"):
         os.environ.update(missing)  # already re-executed once; set what can still be set in-process
         return
-    os.execve(sys.executable, [sys.executable, "-m", "cli.main", *sys.argv[1:]],
-              {**os.environ, **env, "SPLITSERVE_REEXECED": "1"})
+    # orig_argv repeats this very invocation, whether `python -m cli.main worker` or a console script.
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env, "SPLITSERVE_REEXECED": "1"})
 
 
 @app.command()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -33,6 +35,18 @@ class FrontendMetrics:
                                          "KV pulls that failed and were recomputed", registry=r)
         self.migrations = Counter("splitserve_frontend_migrations", "Requests moved after losing a worker",
                                   registry=r)
+
+        # The last few latencies, for the live dashboard (histograms lose the recent picture).
+        self.recent_ttft_s: deque[float] = deque(maxlen=512)
+        self.recent_itl_s: deque[float] = deque(maxlen=2048)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft_seconds.observe(seconds)
+        self.recent_ttft_s.append(seconds)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl_seconds.observe(seconds)
+        self.recent_itl_s.append(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,13 +19,16 @@ from common.protocol import (
     Abort,
     ErrorReply,
     Generate,
+    GetStats,
     KvTransferParams,
     ListWorkers,
     Route,
     RouteRequest,
     SamplingParams,
     Tokens,
+    WorkerInfo,
     WorkerList,
+    WorkerStats,
 )
 from common.transport import Client, TransportConfig, new_id
 from services.frontend.metrics import FrontendMetrics
@@ -102,6 +105,20 @@ class Pipeline:
                     client = self._workers.pop(endpoint)
                     client.fail_streams(WorkerLost(f"worker at {endpoint} left the cluster"))
                     await client.close()
+
+    async def worker_stats(self, timeout_s: float = 0.5) -> list[tuple[WorkerInfo, WorkerStats | None]]:
+        """Every registered worker with its stats (None where it did not answer in time)."""
+        listed = await self.list_workers()
+
+        async def one(info: WorkerInfo) -> WorkerStats | None:
+            try:
+                reply = await self._client(info.endpoint).request(GetStats(request_id=new_id("st")), timeout_s)
+            except (TransportTimeout, RemoteError):
+                return None
+            return reply if isinstance(reply, WorkerStats) else None
+
+        stats = await asyncio.gather(*(one(w) for w in listed.workers))
+        return list(zip(listed.workers, stats))
 
     async def list_workers(self, timeout_s: float = 1.0) -> WorkerList:
         reply = await self._router.request(ListWorkers(request_id=new_id("ls")), timeout_s)

@@ -13,6 +13,7 @@ import structlog
 
 from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
@@ -51,6 +52,7 @@ class FrontendService:
         self.tokenizer = ModelTokenizer(config.model_dir)
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
+        self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
         self.port = 0
         self._workers_cache: tuple[float, int] = (0.0, 0)  # (monotonic time, decode-capable workers)
         self._num_inflight = 0
@@ -88,6 +90,10 @@ class FrontendService:
                     await self._health(resp)
                 case ("GET", "/metrics"):
                     resp.send(200, self.metrics.render(), b"text/plain; version=0.0.4")
+                case ("GET", "/dashboard"):
+                    resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
+                case ("GET", "/dashboard/data"):
+                    resp.send(200, await self.dashboard.data())
                 case (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics"):
                     raise ApiError(405, f"method {req.method} not allowed on {req.path}")
                 case _:
@@ -205,10 +211,10 @@ class FrontendService:
                 async for out in gen:
                     now_s = time.perf_counter()
                     if num_output == 0:
-                        self.metrics.ttft_seconds.observe(now_s - start_s)
+                        self.metrics.observe_ttft(now_s - start_s)
                         num_cached = out.num_cached_tokens
                     elif out.token_ids:
-                        self.metrics.itl_seconds.observe((now_s - last_s) / len(out.token_ids))
+                        self.metrics.observe_itl((now_s - last_s) / len(out.token_ids))
                     last_s = now_s
                     num_output += len(out.token_ids)
                     step = detok.feed(out.token_ids, stop)
