@@ -18,6 +18,8 @@ import structlog
 log = structlog.get_logger(__name__)
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# Bytes a connection buffers within one loop turn before it writes them at once.
+_FLUSH_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -115,6 +117,10 @@ class _Connection(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.closed = False
+        # Writes wait here until the loop turns, then go out as one send: a streamed response's headers,
+        # opening chunk and first token, or several tokens that arrived together, cost one syscall.
+        self._out: list[bytes] = []
+        self._out_bytes = 0
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -129,6 +135,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._out.clear()
         self._can_write.set()
         if self._worker is not None:
             self._worker.cancel()
@@ -193,6 +200,7 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._current = None
             if not req.keep_alive and self._transport is not None:
+                self._flush()
                 self._transport.close()
                 return
 
@@ -200,11 +208,32 @@ class _Connection(asyncio.Protocol):
         if self._transport is None or self.closed:
             return
         Response(self, keep_alive=False).send(status, body)
+        self._flush()
         self._transport.close()
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self._transport is not None:
-            self._transport.write(data)
+        if self.closed or self._transport is None:
+            return
+        out = self._out
+        if not out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= _FLUSH_BYTES:  # a big burst goes out now, so the transport can push back
+            self._flush()
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        self._out_bytes = 0
+        if self.closed or self._transport is None:
+            return
+        if len(out) == 1:
+            self._transport.write(out[0])
+        else:
+            self._transport.write(b"".join(out))
 
     async def drain(self) -> None:
         if not self._can_write.is_set():

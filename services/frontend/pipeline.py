@@ -221,10 +221,16 @@ class Pipeline:
         try:
             client.send_nowait(msg)
             while True:
-                try:
-                    reply = await asyncio.wait_for(queue.get(), timeout_s)
-                except asyncio.TimeoutError as exc:
-                    raise WorkerLost(f"{client.endpoint} silent for {timeout_s}s") from exc
+                # Per token: take a queued reply directly; otherwise wait under a timeout scope, which
+                # unlike wait_for does not wrap queue.get() in a task of its own.
+                if queue.empty():
+                    try:
+                        async with asyncio.timeout(timeout_s):
+                            reply = await queue.get()
+                    except TimeoutError as exc:
+                        raise WorkerLost(f"{client.endpoint} silent for {timeout_s}s") from exc
+                else:
+                    reply = queue.get_nowait()
                 match reply:
                     case Tokens():
                         if reply.finish_reason is not None:

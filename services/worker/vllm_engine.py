@@ -94,6 +94,12 @@ def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[st
     return env
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def _torch_libgomp() -> str | None:
     import importlib.util
 
@@ -121,6 +127,10 @@ class VllmEngine:
 
     async def start(self) -> None:
         self.model_info = validate_model_dir(self.config.model)  # ModelError before vLLM sees a bad dir
+        if self.config.block_size % 32 != 0 and not _has_cuda():
+            # Otherwise vLLM 0.32 fails deep in start-up: "No common block size for 16 (CPU_ATTN: ...)".
+            raise EngineError(f"vLLM's CPU attention needs a block size that is a multiple of 32, got "
+                              f"{self.config.block_size}")
         for key, value in engine_process_env(self.config, core_id=None).items():
             if key != "LD_PRELOAD":
                 os.environ.setdefault(key, value)
@@ -176,14 +186,13 @@ class VllmEngine:
         return kwargs
 
     def _kv_transfer_config(self) -> Any:
-        import torch
         from vllm.config import KVTransferConfig
 
         extra: dict[str, Any] = {"kv_lease_duration": self.config.kv_lease_s}
         return KVTransferConfig(
             kv_connector="NixlConnector",
             kv_role=_VLLM_KV_ROLES[self.config.kv_role or "both"],
-            kv_buffer_device="cuda" if torch.cuda.is_available() else "cpu",
+            kv_buffer_device="cuda" if _has_cuda() else "cpu",
             kv_load_failure_policy="recompute",
             engine_id=self.config.engine_id or None,
             kv_connector_extra_config=extra,
