@@ -53,7 +53,7 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
-    """utime+stime per thread name (threads of one name summed): main thread vs ZeroMQ I/O threads."""
+    """utime and stime per thread name (threads of one name summed): main thread vs ZeroMQ I/O threads."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -63,7 +63,8 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
         name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace")
         name = "main" if task.name == str(pid) else name
         fields = stat[stat.rfind(b")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[name + ".user"] = out.get(name + ".user", 0.0) + int(fields[11]) / CLK_TCK
+        out[name + ".sys"] = out.get(name + ".sys", 0.0) + int(fields[12]) / CLK_TCK
     return out
 
 

@@ -7,6 +7,7 @@ die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves nothing be
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -34,7 +35,7 @@ class GraphSpec:
     num_aggregated: int = 0
     router_policy: str = "kv"
     local_prefill_max_tokens: int = 256
-    block_size: int = 16
+    block_size: int = 32
     num_blocks: int | None = None
     mock_speedup: float = 1.0
     dtype: str = "auto"
@@ -122,7 +123,7 @@ def launch(spec: GraphSpec) -> int:
                     return 1
                 children[i] = spawn(commands[i])
             if not ready:
-                ready = _healthy(url)
+                ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
                              prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated)
@@ -137,11 +138,12 @@ def launch(spec: GraphSpec) -> int:
         _stop_all(children)
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, num_workers: int) -> bool:
+    """Healthy and every worker registered (a graph serving before its prefill pool is up would mislead)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
+            return resp.status == 200 and json.loads(resp.read()).get("num_workers", 0) >= num_workers
+    except (urllib.error.URLError, OSError, ValueError):
         return False
 
 

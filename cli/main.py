@@ -60,7 +60,7 @@ def worker(
     served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
     worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
     engine: str = typer.Option("mock", help="mock | vllm"),
-    block_size: int = typer.Option(16),
+    block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None, help="KV blocks (mock default 2048; vLLM: from memory)"),
     max_num_seqs: int = typer.Option(64),
     max_num_batched_tokens: int = typer.Option(2048),
@@ -74,13 +74,12 @@ def worker(
 ) -> None:
     """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router."""
     from common.hashing import hash_seed
-    from common.tiny_model import validate_model_dir
     from services.worker.service import WorkerConfig, WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
-    info = validate_model_dir(model)
+    info = _validated(model)
     name = served_model_name or model.resolve().name
     wid = worker_id or f"{role}-{os.getpid()}"
     if engine == "mock":
@@ -108,6 +107,18 @@ def worker(
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name)), eng)
     run_service(service.run)
+
+
+def _validated(model: Path):
+    """The model directory's facts, or a one-line error and exit code 2 (never a traceback)."""
+    from common.errors import ModelError
+    from common.tiny_model import validate_model_dir
+
+    try:
+        return validate_model_dir(model)
+    except ModelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def _reexec_with_engine_env(env: dict[str, str]) -> None:
@@ -142,6 +153,7 @@ def frontend(
     from services.frontend.service import FrontendConfig, FrontendService
 
     configure_logging(log_level, log_json, "frontend")
+    _validated(model)
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit),
@@ -159,7 +171,7 @@ def up(
     aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)"),
     router_policy: str = typer.Option("kv"),
     local_prefill_max_tokens: int = typer.Option(256),
-    block_size: int = typer.Option(16),
+    block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None),
     mock_speedup: float = typer.Option(1.0),
     dtype: str = typer.Option("auto"),

@@ -54,7 +54,8 @@ class FrontendService:
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
         self.port = 0
-        self._workers_cache: tuple[float, int] = (0.0, 0)  # (monotonic time, decode-capable workers)
+        # (monotonic time, worker counts by role) of the last /health look at the router.
+        self._workers_cache: tuple[float, dict[str, int]] = (0.0, {"num_decode_workers": 0})
         self._num_inflight = 0
         self._auth = f"Bearer {config.api_key}" if config.api_key else ""
 
@@ -118,19 +119,18 @@ class FrontendService:
 
     async def _health(self, resp: Response) -> None:
         now = time.monotonic()
-        checked_at, num_decode = self._workers_cache
+        checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
             try:
-                workers = await self.pipeline.list_workers()
-                num_decode = sum(1 for w in workers.workers
-                                 if w.role in ("decode", "both") and w.model == self.config.model_name)
+                listed = await self.pipeline.list_workers()
+                roles = [w.role for w in listed.workers if w.model == self.config.model_name]
             except SplitserveError:
-                num_decode = 0
-            self._workers_cache = (now, num_decode)
-        if num_decode:
-            resp.send(200, orjson.dumps({"status": "ok", "num_decode_workers": num_decode}))
-        else:
-            resp.send(503, orjson.dumps({"status": "unavailable", "num_decode_workers": 0}))
+                roles = []
+            counts = {"num_workers": len(roles), "num_decode_workers": sum(r in ("decode", "both") for r in roles),
+                      "num_prefill_workers": sum(r == "prefill" for r in roles)}
+            self._workers_cache = (now, counts)
+        ok = counts["num_decode_workers"] > 0
+        resp.send(200 if ok else 503, orjson.dumps({"status": "ok" if ok else "unavailable", **counts}))
 
     # ----------------------------------------------------------------------------------------- generation
     def _check_model(self, model: str) -> None:

@@ -31,8 +31,10 @@ def to_vllm_sampling(
     elif request.kv_transfer is not None:
         if len(request.token_ids) < 2:
             raise EngineError(f"{request.request_id}: a decode request needs the prompt plus the first token")
-        # The forced first token counts against max_tokens, exactly as in an aggregated run.
+        # The engine contract: max_tokens counts the tokens emitted after the first. vLLM re-runs the last
+        # prompt position and samples the (forced, dropped) first token again, so that step is one more.
         forced_token = request.token_ids[-1]
+        max_tokens = sampling.max_tokens + 1
         extra_args[FORCED_TOKEN_KEY] = forced_token
     params = VllmSamplingParams(
         max_tokens=max_tokens,

@@ -153,7 +153,9 @@ def _disaggregated(
     first = _generate(prefill, f"{rid}-p", prompt, sampling, prefill_only=True)
     assert len(first["token_ids"]) == 1 and first["kv_transfer"]["remote_engine_id"] == "prefill-0"
     kv = first["kv_transfer"]
-    rest = _generate(decode, f"{rid}-d", prompt + first["token_ids"], sampling, kv_transfer=kv)
+    # As the frontend does: the decode worker owes the tokens after the first.
+    rest_sampling = {**sampling, "max_tokens": sampling["max_tokens"] - 1}
+    rest = _generate(decode, f"{rid}-d", prompt + first["token_ids"], rest_sampling, kv_transfer=kv)
     assert rest["finish_reason"] == "length" and not rest["transfer_failed"]
     return first["token_ids"] + rest["token_ids"]
 
@@ -203,7 +205,8 @@ def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> Non
         "remote_port": _free_port(),
         "remote_request_id": "ghost-req",
     }
-    out = _generate(decode, "pd-fail", prompt + expected[:1], greedy, kv_transfer=ghost)
+    out = _generate(decode, "pd-fail", prompt + expected[:1], {**greedy, "max_tokens": MAX_TOKENS - 1},
+                    kv_transfer=ghost)
     assert out["transfer_failed"] and out["finish_reason"] == "length"
     assert expected[:1] + out["token_ids"] == expected
     assert decode.call({"op": "stats"})["counters"]["num_transfer_failures"] == 1

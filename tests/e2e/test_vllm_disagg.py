@@ -1,0 +1,69 @@
+"""The real path through the HTTP API: vLLM prefill worker -> NIXL -> vLLM decode worker, against one vLLM
+engine doing both. fp32, greedy: outputs must match token for token (compared as text of the same tokens)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.test_disaggregation_mock import metric
+from tests.e2e.test_openai_api import MODEL, client
+from tests.graph import REPO, Graph, start_graph, worker_stats
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                    reason="vllm not installed")]
+VLLM_ARGS = ("--engine", "vllm", "--dtype", "float32", "--local-prefill-max-tokens", "64")
+# Assorted lengths: tiny, around a block (32), not multiples of it, up to ~1,500 tokens.
+LENGTHS = (3, 31, 33, 65, 100, 257, 700, 1500)
+
+
+@pytest.fixture(scope="module")
+def vllm_pd(tmp_path_factory) -> Graph:
+    graph = start_graph(tmp_path_factory.mktemp("vllm-pd"), *VLLM_ARGS, "--prefill", "1", "--decode", "1")
+    yield graph
+    graph.stop()
+
+
+def prompt(length: int, salt: int = 0) -> list[int]:
+    return [(97 * i + 13 * salt) % 8000 + 100 for i in range(length)]
+
+
+def complete(graph: Graph, tokens: list[int], max_tokens: int = 16) -> tuple[str, int]:
+    out = client(graph).completions.create(model=MODEL, prompt=tokens, max_tokens=max_tokens, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    return out.choices[0].text, out.usage.completion_tokens
+
+
+def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) -> None:
+    # A different salt per length: prompts must not share prefixes, or the cached part makes prefill local.
+    pd = {n: complete(vllm_pd, prompt(n, salt=n)) for n in LENGTHS}
+    stats = worker_stats(vllm_pd.router)
+    remote = metric(vllm_pd, 'splitserve_frontend_prefill_decisions_total{where="remote"}')
+    vllm_pd.stop()  # two more engines would not fit beside these on 2 cores
+    agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1")
+    try:
+        for n in LENGTHS:
+            assert complete(agg, prompt(n, salt=n)) == pd[n], f"prompt of {n} tokens"
+    finally:
+        agg.stop()
+    assert all(num == 16 for _, num in pd.values())
+    # Every prompt above the local-prefill threshold went prefill -> decode, with its KV pulled over NIXL.
+    num_remote = sum(1 for n in LENGTHS if n > 64)
+    assert remote == num_remote
+    decode = stats["decode-1"]
+    assert decode.num_transfers == num_remote and decode.num_transfer_failures == 0
+    assert decode.num_transfer_bytes > 0
+
+
+def test_missing_or_broken_model_dir_fails_at_start(tmp_path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    for model in (tmp_path / "absent", tmp_path / "broken"):
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "worker", "--engine", "vllm", "--model", str(model)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert "model" in proc.stderr.lower() and str(model) in proc.stderr
+        assert "Traceback" not in proc.stderr
