@@ -100,8 +100,10 @@ def launch(spec: GraphSpec) -> int:
         stopping = True
 
     def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+        # Each service leads its own process group, so stopping it also stops what it started (vLLM's engine
+        # core and worker processes), even if the service itself dies first.
         return subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent, start_new_session=True)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -121,6 +123,7 @@ def launch(spec: GraphSpec) -> int:
                           returncode=child.returncode, num_recent_restarts=len(restarts))
                 if not ready or len(restarts) > spec.max_restarts_per_min:
                     return 1
+                _signal_group(child, signal.SIGKILL)  # what the dead service left running (engine processes)
                 children[i] = spawn(commands[i])
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
@@ -147,16 +150,24 @@ def _healthy(url: str, num_workers: int) -> bool:
         return False
 
 
-def _stop_all(children: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+def _stop_all(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
     # Frontend first (stops taking requests), then workers, then the router.
     for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+        _signal_group(child, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for child in reversed(children):
         try:
             child.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+            log.warning("child_killed", pid=child.pid, grace_s=grace_s)
+        # Whatever is left in the group (a leader that hung, or its orphaned engine processes) is killed.
+        _signal_group(child, signal.SIGKILL)
+        child.wait()
     log.info("stopped", num_processes=len(children))
+
+
+def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -22,6 +22,17 @@ app.add_typer(model_app, name="model")
 DEFAULT_ROUTER = "tcp://127.0.0.1:5550"
 LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
+CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
+                        help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
+keys_app = typer.Typer(no_args_is_help=True, help="ZeroMQ CURVE keys.")
+app.add_typer(keys_app, name="keys")
+
+
+def _transport(curve_dir: Optional[Path]):
+    from common.security import load_curve_keys
+    from common.transport import TransportConfig
+
+    return TransportConfig(curve=load_curve_keys(curve_dir) if curve_dir else None)
 
 
 @app.command()
@@ -34,6 +45,7 @@ def router(
     events_advertise: str = typer.Option("", help="KV-event address workers are told (default: the bound one)"),
     heartbeat_timeout_s: float = typer.Option(2.0, help="Drop a worker silent this long"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -44,6 +56,7 @@ def router(
     configure_logging(log_level, log_json, "router")
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_endpoint, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
+                          transport=_transport(curve_dir),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens))
     run_service(RouterService(config).run)
 
@@ -69,6 +82,7 @@ def worker(
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
+    curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -105,7 +119,8 @@ def worker(
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
-                                         engine_kind=engine, hash_seed=hash_seed(name)), eng)
+                                         engine_kind=engine, hash_seed=hash_seed(name),
+                                         transport=_transport(curve_dir)), eng)
     run_service(service.run)
 
 
@@ -144,6 +159,7 @@ def frontend(
     migration_limit: int = typer.Option(3, help="Times a request may move after losing its worker"),
     api_key: str = typer.Option("", envvar="SPLITSERVE_API_KEY", help="Require this Bearer key on /v1/*"),
     max_inflight: int = typer.Option(4096, help="Requests in flight before new ones get 503"),
+    curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -156,7 +172,8 @@ def frontend(
     _validated(model)
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
-        pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit),
+        pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
+                                transport=_transport(curve_dir)),
         http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024)),
         api_key=api_key, max_inflight_requests=max_inflight)
     run_service(FrontendService(config).run)
@@ -191,6 +208,14 @@ def up(
                      mock_speedup=mock_speedup, dtype=dtype, host=host, port=port, router_port=router_port, log_level=log_level,
                      log_json=log_json)
     raise typer.Exit(launch(spec))
+
+
+@keys_app.command("make")
+def keys_make(out: Path = typer.Option(Path("keys"), help="Output directory")) -> None:
+    """Write a server keypair and a client keypair; give the directory to every service (--curve-dir)."""
+    from common.security import make_curve_keys
+
+    typer.echo(str(make_curve_keys(out)))
 
 
 @model_app.command("make-tiny")

@@ -23,6 +23,7 @@ import zmq.asyncio
 from common import protocol
 from common.errors import ProtocolError, RemoteError, TransportTimeout
 from common.protocol import ErrorReply, Message
+from common.security import CurveKeys, SecureContext, secure_client, secure_server
 
 log = structlog.get_logger(__name__)
 
@@ -47,10 +48,13 @@ class TransportConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # Messages queued per socket before send blocks (ZeroMQ high-water mark).
     hwm: int = 100_000
-    # CURVE keys (z85 text) for sockets that cross hosts; None = plain TCP (loopback default).
-    curve_secret_key: bytes | None = None
-    curve_public_key: bytes | None = None
-    curve_server_key: bytes | None = None
+    # CURVE keys for sockets that cross hosts; None = plain TCP (the loopback default).
+    curve: CurveKeys | None = None
+
+
+def open_context(config: TransportConfig) -> SecureContext:
+    """The process's ZeroMQ context (with CURVE client checks when configured); close it last."""
+    return SecureContext(config.curve)
 
 
 def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
@@ -80,10 +84,7 @@ class Server:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig()):
         self._sock = ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
-        if config.curve_secret_key is not None:
-            self._sock.curve_server = True
-            self._sock.curve_secretkey = config.curve_secret_key
-            self._sock.curve_publickey = config.curve_public_key
+        secure_server(self._sock, config.curve)
         # A peer that reconnects with the same identity takes over its route instead of being refused.
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._sock.bind(endpoint)
@@ -137,10 +138,7 @@ class Client:
         self.endpoint = endpoint
         self._sock = ctx.socket(zmq.DEALER)
         _configure(self._sock, config)
-        if config.curve_server_key is not None:
-            self._sock.curve_serverkey = config.curve_server_key
-            self._sock.curve_secretkey = config.curve_secret_key
-            self._sock.curve_publickey = config.curve_public_key
+        secure_client(self._sock, config.curve)
         self._sock.connect(endpoint)
         self._waiters: dict[str, asyncio.Future[Message]] = {}
         self._streams: dict[str, asyncio.Queue[Message]] = {}

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import structlog
-import zmq.asyncio
 from msgspec.structs import replace
 
 from common.errors import NoWorkerError, RemoteError, TransportTimeout, WorkerLost
@@ -30,7 +29,7 @@ from common.protocol import (
     WorkerList,
     WorkerStats,
 )
-from common.transport import Client, TransportConfig, new_id
+from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.metrics import FrontendMetrics
 
 log = structlog.get_logger(__name__)
@@ -65,7 +64,8 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, metrics: FrontendMetrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._ctx = zmq.asyncio.Context()
+        self._secure = open_context(config.transport)
+        self._ctx = self._secure.ctx
         self._router = Client(self._ctx, config.router_endpoint, config.transport)
         self._workers: dict[str, Client] = {}
         self._missing_polls: dict[str, int] = {}
@@ -75,7 +75,7 @@ class Pipeline:
         await self._router.close()
         for client in self._workers.values():
             await client.close()
-        self._ctx.term()
+        self._secure.close()
 
     def _client(self, endpoint: str) -> Client:
         client = self._workers.get(endpoint)

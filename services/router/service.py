@@ -32,7 +32,8 @@ from common.protocol import (
     WorkerList,
     WorkerRef,
 )
-from common.transport import Server, TransportConfig, new_id
+from common.security import secure_server
+from common.transport import Server, TransportConfig, new_id, open_context
 from services.router.approx_index import ApproxIndex
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
@@ -74,7 +75,8 @@ class RouterService:
         self.endpoint = ""
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        ctx = zmq.asyncio.Context()
+        secure = open_context(self.config.transport)
+        ctx = secure.ctx
         self._server = Server(ctx, self.config.endpoint, self.config.transport)
         self.endpoint = self._server.endpoint
         sub = ctx.socket(zmq.SUB)
@@ -82,6 +84,7 @@ class RouterService:
         sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.max_message_bytes)
         sub.setsockopt(zmq.RCVHWM, self.config.transport.hwm)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        secure_server(sub, self.config.transport.curve)
         sub.bind(self.config.events_endpoint)
         self.events_endpoint = self.config.events_advertise or sub.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.config.metrics_port:
@@ -113,7 +116,7 @@ class RouterService:
             events.cancel()
             sub.close(linger=0)
             self._server.close()
-            ctx.term()
+            secure.close()
 
     def handle(self, identity: bytes, msg: Message) -> Message | None:
         now_s = time.monotonic()

@@ -15,6 +15,7 @@ import zmq.asyncio
 
 from common import protocol
 from common.protocol import BlockRemoved, BlockStored, KvEvent, KvEvents, KvSnapshot, StoredBlock
+from common.security import secure_client
 from common.transport import TransportConfig
 from services.worker.mock.block_manager import BlocksRemoved, BlocksStored
 
@@ -54,6 +55,7 @@ class KvEventPublisher:
         sock = ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, config.hwm)
+        secure_client(sock, config.curve)
         sock.connect(endpoint)
         self._sock = sock
         self._next_event_id = 0

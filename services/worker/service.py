@@ -30,7 +30,7 @@ from common.protocol import (
     WorkerInfo,
     WorkerStats,
 )
-from common.transport import Client, Server, TransportConfig, new_id
+from common.transport import Client, Server, TransportConfig, new_id, open_context
 from services.worker.engine import Engine, EngineRequest
 from services.worker.kv_events import KvEventPublisher
 
@@ -70,7 +70,8 @@ class WorkerService:
         self._ctx: zmq.asyncio.Context | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        ctx = self._ctx = zmq.asyncio.Context()
+        secure = open_context(self.config.transport)
+        ctx = self._ctx = secure.ctx
         self._server = Server(ctx, self.config.endpoint, self.config.transport)
         self.endpoint = self._server.endpoint
         self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
@@ -100,7 +101,7 @@ class WorkerService:
                 self._events.close()
             await self._router.close()
             self._server.close()
-            ctx.term()
+            secure.close()
 
     async def _serve(self) -> None:
         assert self._server is not None
