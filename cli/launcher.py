@@ -42,6 +42,7 @@ class GraphSpec:
     host: str = "127.0.0.1"
     port: int = 8000
     router_port: int = 0  # 0: any free port
+    router_metrics_port: int = 0  # 0: the router serves no Prometheus metrics
     log_level: str = "info"
     log_json: bool = False
     # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
@@ -86,7 +87,8 @@ def launch(spec: GraphSpec) -> int:
     router = f"tcp://127.0.0.1:{spec.router_port or free_port()}"
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
     commands = [["router", "--endpoint", router, "--policy", spec.router_policy,
-                 "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens)]]
+                 "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens)]
+                + (["--metrics-port", str(spec.router_metrics_port)] if spec.router_metrics_port else [])]
     commands += worker_commands(spec, model, router)
     commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
                      "--port", str(spec.port)])

@@ -112,7 +112,7 @@ def worker(
             model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
                 info.max_position_embeddings, 8192), max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(max_num_batched_tokens, 2048), kv_role=role, nixl_side_channel_port=nixl_port,
-            kv_cache_space_gib=kv_cache_gib, engine_id=wid)
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name))
         _reexec_with_engine_env(engine_process_env(config, core))
         eng = VllmEngine(config)
     else:
@@ -195,6 +195,7 @@ def up(
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)"),
+    router_metrics_port: int = typer.Option(0, help="Router's Prometheus port (0: none)"),
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -205,7 +206,8 @@ def up(
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
-                     mock_speedup=mock_speedup, dtype=dtype, host=host, port=port, router_port=router_port, log_level=log_level,
+                     mock_speedup=mock_speedup, dtype=dtype, host=host, port=port, router_port=router_port,
+                     router_metrics_port=router_metrics_port, log_level=log_level,
                      log_json=log_json)
     raise typer.Exit(launch(spec))
 

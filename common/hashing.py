@@ -62,6 +62,15 @@ def extend_block_hashes(
     return [*prev_hashes, *new]
 
 
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, seed: int, parent: int | None) -> list[int]:
+    """Hashes of the full blocks of ``token_ids`` continuing the chain after ``parent`` (None: a prompt start).
+
+    For engines that report blocks with their parent (vLLM's KV events): the same values ``block_hashes`` gives
+    for the whole sequence.
+    """
+    return _chain(token_ids, block_size, seed, prev=parent)
+
+
 def _chain(token_ids: Sequence[int], block_size: int, seed: int, prev: int | None) -> list[int]:
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")

@@ -241,6 +241,95 @@ class KvSnapshot(_Msg, frozen=True):
     tier_blocks: tuple[StoredBlock, ...]
 
 
+# ------------------------------------------------------------------------------ kvtier <-> router, workers
+# kvtier is a shared KV store: a NIXL-registered host pool of fixed-size slots and NVMe files, blocks named
+# by the chained hashes of common.hashing. It registers with the router like a worker (``RegisterTier`` ->
+# ``RegisterAck`` with the events endpoint), heartbeats with ``Heartbeat(worker_id=tier_id)``, publishes
+# ``KvEvents`` with tier "host"/"disk" under its tier id, and answers ``KvSnapshotRequest``. Workers store
+# blocks (``TierStore`` -> ``TierStored``) and load the leading run of a prompt's blocks (``TierLookup`` ->
+# ``TierBlocks``). Today the bytes travel inline (msgpack bin); a NIXL path replaces ``data`` with
+# descriptors of kvtier's registered pool (see services/kvtier/transfer.py).
+
+
+class RegisterTier(_Msg, frozen=True):
+    request_id: str
+    tier_id: str
+    # kvtier's ROUTER socket, where workers send TierStore / TierLookup.
+    endpoint: str
+    # Fixed slot size of the pool: the largest block kvtier holds.
+    block_bytes: int = 0
+    # NIXL agent name of the pool ("" = no NIXL registration).
+    nixl_agent: str = ""
+
+
+class TierBlock(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """One block's bytes (inline for now) with their xxh3_64 checksum; ``size`` = len(data)."""
+
+    block_hash: int
+    checksum: int
+    size: int
+    tier: Tier = "host"
+    data: bytes = b""
+
+
+class TierStore(_Msg, frozen=True):
+    """Keep these blocks (chain order; ``parent_hash`` is the block before the first)."""
+
+    request_id: str
+    worker_id: str
+    blocks: tuple[TierBlock, ...]
+    parent_hash: int | None = None
+
+
+class TierStored(_Msg, frozen=True):
+    request_id: str
+    num_stored: int = 0
+    # Already held (refreshed in the LRU, bytes ignored).
+    num_present: int = 0
+    # Refused: checksum or size wrong, larger than a slot, or no room.
+    num_rejected: int = 0
+
+
+class TierLookup(_Msg, frozen=True):
+    """The longest LEADING run of ``block_hashes`` kvtier holds, with the data; ``max_blocks`` caps one reply
+    (0: as many as fit in a message). Ask again from where a full reply stopped."""
+
+    request_id: str
+    block_hashes: tuple[int, ...]
+    max_blocks: int = 0
+
+
+class TierBlocks(_Msg, frozen=True):
+    request_id: str
+    # The first len(blocks) of the asked hashes, in order; every block verified against its checksum by
+    # kvtier before sending (a corrupt one ends the run and is dropped).
+    blocks: tuple[TierBlock, ...] = ()
+
+
+class TierStats(_Msg, frozen=True):
+    request_id: str
+    tier_id: str
+    block_bytes: int
+    host_slots: int
+    host_used: int
+    disk_slots: int = 0
+    disk_used: int = 0
+    hits_host: int = 0
+    hits_disk: int = 0
+    # Lookups whose first asked block was held nowhere.
+    misses: int = 0
+    blocks_stored: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    evictions_host: int = 0
+    evictions_disk: int = 0
+    demotions: int = 0
+    checksum_failures: int = 0
+    # "nixl" or "os" (plain pread/pwrite) for the disk tier; "" when there is no disk tier.
+    disk_io: str = ""
+    nixl: bool = False
+
+
 # --------------------------------------------------------------------------------------------------- errors
 
 
@@ -267,6 +356,12 @@ Message = Union[
     KvEvents,
     KvSnapshotRequest,
     KvSnapshot,
+    RegisterTier,
+    TierStore,
+    TierStored,
+    TierLookup,
+    TierBlocks,
+    TierStats,
     ErrorReply,
 ]
 

@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from common import protocol
-from common.protocol import BlockRemoved, BlockStored, KvEvent, KvEvents, KvSnapshot, StoredBlock
+from common.protocol import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEvents, KvSnapshot, StoredBlock
 from common.security import secure_client
 from common.transport import TransportConfig
 from services.worker.mock.block_manager import BlocksRemoved, BlocksStored
@@ -34,7 +34,7 @@ def to_wire(event: object) -> KvEvent:
             return BlockStored(block_hashes=hashes, parent_hash=parent, tier="device")
         case BlocksRemoved(block_hashes=hashes):
             return BlockRemoved(block_hashes=hashes, tier="device")
-        case BlockStored() | BlockRemoved():
+        case BlockStored() | BlockRemoved() | AllCleared():
             return event  # engines that already speak the wire contract
         case _:
             raise TypeError(f"unknown KV event {type(event).__name__}")

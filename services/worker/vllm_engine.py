@@ -19,6 +19,7 @@ in-process before ``start()`` (``start`` fills in any that are missing).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
+import zmq
+import zmq.asyncio
 
 from common.errors import EngineError
 from common.protocol import FinishReason, WorkerLoad
@@ -36,6 +39,7 @@ from services.worker.vllm_params import (
     kv_params_from_vllm,
     to_vllm_sampling,
 )
+from services.worker.vllm_kv_events import VllmKvEvents
 from services.worker.vllm_stats import EngineStatsSink, PromptTokenSources
 
 log = structlog.get_logger(__name__)
@@ -71,6 +75,9 @@ class VllmEngineConfig:
     engine_id: str = ""
     # Seconds a prefill engine keeps blocks for a decode engine that never pulls them.
     kv_lease_s: int = 30
+    # Publish vLLM's KV cache events, translated to our block hashes with this seed (DESIGN §3).
+    kv_events: bool = True
+    hash_seed: int = 0
 
 
 def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:
@@ -124,6 +131,8 @@ class VllmEngine:
         self._stats = EngineStatsSink()
         self._in_flight: set[str] = set()
         self._kv_bytes_per_block = 0
+        self._kv_events: VllmKvEvents | None = None
+        self._events_ctx: zmq.asyncio.Context | None = None
 
     async def start(self) -> None:
         self.model_info = validate_model_dir(self.config.model)  # ModelError before vLLM sees a bad dir
@@ -154,6 +163,10 @@ class VllmEngine:
         self._kv_bytes_per_block = self.block_size * self.model_info.kv_bytes_per_token(dtype_bytes)
         if self.block_size != self.config.block_size:
             raise EngineError(f"vLLM chose block size {self.block_size}, not {self.config.block_size}")
+        if self.config.kv_events:
+            self._events_ctx = zmq.asyncio.Context()
+            self._kv_events = VllmKvEvents(self._events_endpoint(), self.block_size, self.config.hash_seed)
+            self._kv_events.start(self._events_ctx)
         log.info(
             "vllm_engine_started",
             model=str(self.config.model),
@@ -183,7 +196,23 @@ class VllmEngine:
         }
         if self.config.kv_role is not None:
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
+        if self.config.kv_events:
+            from vllm.config import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                        endpoint=self._events_endpoint())
         return kwargs
+
+    def _events_endpoint(self) -> str:
+        # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it.
+        return f"ipc://{tempfile.gettempdir()}/splitserve-kv-{os.getpid()}.sock"
+
+    def drain_kv_events(self) -> list:
+        """Our-hash KV events since the last call (for the worker's publisher)."""
+        return self._kv_events.drain() if self._kv_events is not None else []
+
+    def kv_snapshot(self) -> tuple[int, ...]:
+        return self._kv_events.snapshot() if self._kv_events is not None else ()
 
     def _kv_transfer_config(self) -> Any:
         from vllm.config import KVTransferConfig
@@ -281,6 +310,12 @@ class VllmEngine:
         return self._stats.prompt_sources
 
     async def shutdown(self) -> None:
+        if self._kv_events is not None:
+            self._kv_events.stop()
+            self._kv_events = None
+        if self._events_ctx is not None:
+            self._events_ctx.destroy(linger=0)
+            self._events_ctx = None
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
