@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import structlog
 import typer
 
 from cli.logs import configure_logging
@@ -26,6 +27,8 @@ CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
                         help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
 keys_app = typer.Typer(no_args_is_help=True, help="ZeroMQ CURVE keys.")
 app.add_typer(keys_app, name="keys")
+from cli.bench import bench_app  # noqa: E402
+app.add_typer(bench_app, name="bench")
 
 
 def _transport(curve_dir: Optional[Path]):
@@ -43,8 +46,12 @@ def router(
                                                  "decode worker prefills locally"),
     events_endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ SUB bind address for KV events"),
     events_advertise: str = typer.Option("", help="KV-event address workers are told (default: the bound one)"),
-    heartbeat_timeout_s: float = typer.Option(2.0, help="Drop a worker silent this long"),
+    heartbeat_timeout_s: float = typer.Option(5.0, help="Drop a worker silent this long"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    prefill_weight: Optional[float] = typer.Option(None, help="kv cost: weight of blocks to prefill vs active "
+                                                   "decode blocks (default: PolicyConfig's)"),
+    busy_threshold: Optional[float] = typer.Option(None, help="kv: skip workers with more of their KV in use "
+                                                   "than this fraction (default: PolicyConfig's)"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -57,7 +64,10 @@ def router(
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_endpoint, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
                           transport=_transport(curve_dir),
-                          policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens))
+                          policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
+                                              **{k: v for k, v in (("prefill_weight", prefill_weight),
+                                                                   ("busy_threshold", busy_threshold))
+                                                 if v is not None}))
     run_service(RouterService(config).run)
 
 
@@ -78,6 +88,11 @@ def worker(
     max_num_seqs: int = typer.Option(64),
     max_num_batched_tokens: int = typer.Option(2048),
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
+    mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
+    kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
+                               help="kvtier endpoint: offload evicted KV blocks there and onboard prefixes from it "
+                               "(mock engine; vLLM ignores it until our KV connector exists)"),
+    kvtier_write_through: bool = typer.Option(False, help="Offload blocks right after prefill, not only on eviction"),
     dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
@@ -100,13 +115,28 @@ def worker(
         from services.worker.mock.engine import MockEngine, MockEngineConfig
         from services.worker.mock.timing import TimingModel
 
+        if mock_profile is not None:
+            from services.planner.profile import load_timing
+
+            try:
+                timing = load_timing(mock_profile, mock_speedup)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                typer.echo(f"error: --mock-profile {mock_profile}: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        else:
+            timing = TimingModel(speedup=mock_speedup)
         eng = MockEngine(MockEngineConfig(
             num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=info.max_position_embeddings,
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
-            hash_seed=hash_seed(name), timing=TimingModel(speedup=mock_speedup), engine_id=wid))
+            hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
+            tier_write_through=kvtier_write_through))
     elif engine == "vllm":
         from services.worker.vllm_engine import VllmEngine, VllmEngineConfig, engine_process_env
+
+        if kvtier:
+            structlog.get_logger("cli").warning("kvtier_ignored", kvtier=kvtier,
+                                                reason="vLLM workers use kvtier once its KV connector exists")
 
         config = VllmEngineConfig(
             model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
@@ -122,6 +152,49 @@ def worker(
                                          engine_kind=engine, hash_seed=hash_seed(name),
                                          transport=_transport(curve_dir)), eng)
     run_service(service.run)
+
+
+def _tier_client(endpoint: str, worker_id: str):
+    if not endpoint:
+        return None
+    from services.worker.tier_client import TierClient, TierClientConfig
+
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id))
+
+
+@app.command()
+def kvtier(
+    endpoint: str = typer.Option("tcp://127.0.0.1:5570", envvar="SPLITSERVE_KVTIER", help="ZeroMQ bind address"),
+    advertise_endpoint: Optional[str] = typer.Option(None, "--advertise", help="Endpoint workers are told"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
+                                        help="Router to register with and publish KV events to (\"\": standalone)"),
+    tier_id: str = typer.Option("kvtier-0", help="Source id of this tier in the router's index"),
+    host_cache_gb: float = typer.Option(1.0, help="Host-memory pool, GiB"),
+    disk_cache_gb: float = typer.Option(0.0, help="NVMe tier, GiB (0: none)"),
+    disk_cache_dir: Optional[Path] = typer.Option(None, help="Directory of the NVMe tier's slab file"),
+    block_bytes: int = typer.Option(36864 * 32, help="Slot size: the largest KV block held, bytes"),
+    disk_min_hits: int = typer.Option(1, help="Hits a host block needs to move to disk on eviction"),
+    nixl: bool = typer.Option(True, help="Register the pool with NIXL (UCX + POSIX backends)"),
+    disk_nixl: bool = typer.Option(True, help="Disk I/O through NIXL's POSIX backend (else pread/pwrite)"),
+    metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Run kvtier: a shared KV-block store (host pool + NVMe) that workers offload to and load from."""
+    import tempfile
+
+    from services.kvtier.pool import GIB
+    from services.kvtier.service import KvTierConfig, KvTierService
+
+    configure_logging(log_level, log_json, "kvtier")
+    disk_dir = disk_cache_dir
+    if disk_cache_gb > 0 and disk_dir is None:
+        disk_dir = Path(tempfile.gettempdir()) / f"splitserve-kvtier-{os.getpid()}"
+    config = KvTierConfig(tier_id=tier_id, endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
+                          router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
+                          disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
+                          disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port)
+    run_service(KvTierService(config).run)
 
 
 def _validated(model: Path):
@@ -191,11 +264,19 @@ def up(
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None),
     mock_speedup: float = typer.Option(1.0),
+    mock_profile: Optional[Path] = typer.Option(None, help="Mock workers' timing from this profile JSON"),
+    no_kvtier: bool = typer.Option(False, "--no-kvtier", help="Run without the shared KV tier"),
+    host_cache_gb: float = typer.Option(1.0, help="kvtier host-memory pool, GiB"),
+    disk_cache_gb: float = typer.Option(0.0, help="kvtier NVMe tier, GiB (0: none)"),
+    disk_cache_dir: Optional[Path] = typer.Option(None, help="kvtier NVMe directory (default: a temp dir)"),
+    kvtier_metrics_port: int = typer.Option(0, help="kvtier Prometheus port (0: none)"),
     dtype: str = typer.Option("auto"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)"),
     router_metrics_port: int = typer.Option(0, help="Router's Prometheus port (0: none)"),
+    router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)"),
+    router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)"),
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -206,8 +287,11 @@ def up(
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
-                     mock_speedup=mock_speedup, dtype=dtype, host=host, port=port, router_port=router_port,
-                     router_metrics_port=router_metrics_port, log_level=log_level,
+                     mock_speedup=mock_speedup, mock_profile=mock_profile, kvtier=not no_kvtier,
+                     host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
+                     kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port, router_port=router_port,
+                     router_metrics_port=router_metrics_port, router_prefill_weight=router_prefill_weight,
+                     router_busy_threshold=router_busy_threshold, log_level=log_level,
                      log_json=log_json)
     raise typer.Exit(launch(spec))
 
@@ -218,6 +302,84 @@ def keys_make(out: Path = typer.Option(Path("keys"), help="Output directory")) -
     from common.security import make_curve_keys
 
     typer.echo(str(make_curve_keys(out)))
+
+
+@app.command()
+def profile(
+    engine: str = typer.Option("vllm", help="mock | vllm"),
+    model: Path = typer.Option(Path("models/tiny"), help="HF model directory (vllm; made if models/tiny is missing)"),
+    output: Path = typer.Option(Path("bench/results/profile.json"), help="Profile JSON to write"),
+    quick: bool = typer.Option(False, help="Fewer points, ~2 minutes budget (tests, smoke checks)"),
+    max_seconds: Optional[float] = typer.Option(None, help="Soft time budget (default 600, quick 150)"),
+    dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
+    block_size: int = typer.Option(32, help="Tokens per KV block"),
+    core: Optional[int] = typer.Option(0, help="vLLM on CPU: pin the engine to this core"),
+    kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
+    mock_speedup: float = typer.Option(1.0, help="mock: timing divided by this"),
+) -> None:
+    """Measure prefill and decode step times of one engine; write JSON with conditions and a fitted timing."""
+    import asyncio
+    import dataclasses
+
+    from services.planner import profile as prof
+
+    spec = prof.QUICK if quick else prof.ProfileSpec()
+    if max_seconds is not None:
+        spec = dataclasses.replace(spec, max_seconds=max_seconds)
+    say = lambda msg: typer.echo(msg, err=True)  # noqa: E731
+    if engine == "mock":
+        from services.worker.mock.timing import TimingModel
+
+        doc = asyncio.run(prof.profile_mock(spec, TimingModel(speedup=mock_speedup), block_size, log=say))
+    elif engine == "vllm":
+        from services.worker.vllm_engine import engine_process_env
+
+        if model == Path("models/tiny") and not (model / "config.json").exists():
+            from common.tiny_model import make_tiny_model
+
+            make_tiny_model(model)
+        _validated(model)
+        config = prof.vllm_config_for(model, spec, dtype, block_size, kv_cache_gib)
+        _reexec_with_engine_env({**engine_process_env(config, core), "VLLM_LOGGING_LEVEL": "WARNING"})
+        doc = asyncio.run(prof.profile_vllm(config, spec, log=say))
+    else:
+        raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
+    prof.write_profile(doc, output)
+    fit = doc["fit"]
+    typer.echo(f"wrote {output} ({doc['conditions']['elapsed_s']:.0f} s, fit max error prefill "
+               f"{fit['prefill_max_rel_err']:.1%}, decode {fit['decode_max_rel_err']:.1%})")
+
+
+@app.command()
+def plan(
+    profile_path: Path = typer.Option(..., "--profile", help="`splitserve profile` JSON"),
+    isl: str = typer.Option(..., help="Input tokens: a mean, or samples 128,512,2048 (a distribution)"),
+    osl: str = typer.Option(..., help="Output tokens: a mean, or samples"),
+    rate: Optional[float] = typer.Option(None, help="Requests/s (open loop)"),
+    concurrency: Optional[int] = typer.Option(None, help="Clients (closed loop), instead of --rate"),
+    slo: str = typer.Option(..., help="ttft_ms=..,itl_ms=.."),
+    max_batch: Optional[int] = typer.Option(None, help="Decode sequences per worker (default: profile's largest)"),
+    chunk_tokens: Optional[int] = typer.Option(None, help="Prefill chunk of an aggregated worker (default 2048)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
+) -> None:
+    """Recommend prefill/decode workers and a local-prefill threshold for a workload and SLOs."""
+    import json
+
+    from services.planner import plan as planner
+    from services.planner.profile import load_profile, timing_fields
+    from services.worker.mock.timing import TimingModel
+
+    try:
+        doc = load_profile(profile_path)
+        timing = TimingModel.from_profile(timing_fields(doc))
+        workload = planner.Workload.of([int(x) for x in isl.split(",")], [int(x) for x in osl.split(",")],
+                                       rate=rate, concurrency=concurrency)
+        result = planner.plan(timing, workload, planner.Slo.parse(slo), planner.options_from_profile(
+            doc, max_batch=max_batch, chunk_tokens=chunk_tokens))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else planner.format_plan(result))
 
 
 @model_app.command("make-tiny")

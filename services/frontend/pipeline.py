@@ -7,6 +7,7 @@ stop string) aborts the request on whichever worker holds it, so every block it 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ log = structlog.get_logger(__name__)
 class PipelineConfig:
     router_endpoint: str
     route_timeout_s: float = 5.0
+    # How long a request waits for a worker to (re)appear before a 503: rides out a worker restart.
+    no_worker_wait_s: float = 1.0
     # Longest wait for the prefill worker's first token (queueing included).
     prefill_timeout_s: float = 120.0
     # Longest silence from a worker inside one request before it counts as lost.
@@ -127,16 +130,19 @@ class Pipeline:
 
     async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
                     exclude: tuple[str, ...] = ()) -> Route:
-        try:
-            reply = await self._router.request(
-                RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude),
-                self.config.route_timeout_s)
-        except RemoteError as exc:
-            raise NoWorkerError(exc.message) from exc
-        except TransportTimeout as exc:
-            raise NoWorkerError(f"router did not answer: {exc}") from exc
-        assert isinstance(reply, Route)
-        return reply
+        msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude)
+        deadline_s = time.monotonic() + self.config.no_worker_wait_s
+        while True:
+            try:
+                reply = await self._router.request(msg, self.config.route_timeout_s)
+                assert isinstance(reply, Route)
+                return reply
+            except RemoteError as exc:
+                if exc.code != "no_worker" or time.monotonic() >= deadline_s:
+                    raise NoWorkerError(exc.message) from exc
+            except TransportTimeout as exc:
+                raise NoWorkerError(f"router did not answer: {exc}") from exc
+            await asyncio.sleep(0.1)
 
     async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...],
                        sampling: SamplingParams) -> AsyncIterator[Tokens]:

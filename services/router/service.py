@@ -25,6 +25,7 @@ from common.protocol import (
     ListWorkers,
     Message,
     RegisterAck,
+    RegisterTier,
     RegisterWorker,
     Route,
     RouteRequest,
@@ -54,7 +55,8 @@ class RouterConfig:
     approx_ttl_s: float = 120.0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # A worker silent this long is dropped (heartbeats come every ~0.25 s).
-    heartbeat_timeout_s: float = 2.0
+    # Generous on purpose: a starved but healthy worker must not be dropped (its requests would fail over).
+    heartbeat_timeout_s: float = 5.0
     transport: TransportConfig = field(default_factory=TransportConfig)
     metrics_port: int = 0  # 0 = no metrics endpoint
     seed: int = 0
@@ -68,6 +70,8 @@ class RouterService:
         self.approx = ApproxIndex(ttl_s=config.approx_ttl_s)
         # Each worker's DEALER identity on our ROUTER socket, to ask it for a KV snapshot.
         self._identities: dict[str, bytes] = {}
+        # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
+        self._tiers: dict[str, float] = {}
         self.events_endpoint = ""
         self.policy = Policy(config.policy, seed=config.seed)
         self.metrics = RouterMetrics()
@@ -123,6 +127,19 @@ class RouterService:
         match msg:
             case RouteRequest():
                 return self._route(msg)
+            case Heartbeat(worker_id=worker_id) if worker_id in self._tiers:
+                self._tiers[worker_id] = now_s
+                return None
+            case RegisterTier(request_id=rid, tier_id=tier_id):
+                # A (re-)registration starts the tier's blocks over; its events (batch 0 = all it holds)
+                # rebuild them. Its blocks count for every worker.
+                self.index.remove_worker(tier_id)
+                self.index.mark_shared(tier_id)
+                self._tiers[tier_id] = now_s
+                self._identities[tier_id] = identity
+                log.info("tier_registered", tier_id=tier_id, endpoint=msg.endpoint, block_bytes=msg.block_bytes,
+                         nixl_agent=msg.nixl_agent)
+                return RegisterAck(request_id=rid, worker_id=tier_id, events_endpoint=self.events_endpoint)
             case Heartbeat(worker_id=worker_id, load=load):
                 if not self.registry.report(worker_id, load, now_s):
                     # A router that restarted does not know the worker: ask it to register again.
@@ -199,7 +216,9 @@ class RouterService:
         return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint)
 
     def _overlaps(self, hashes: list[int]) -> dict[str, TierOverlap]:
-        overlaps = self.index.overlaps(hashes)
+        # With a shared tier, name every worker: one holding no blocks of its own still reuses the tier's.
+        worker_ids = [e.info.worker_id for e in self.registry.workers()] if self._tiers else None
+        overlaps = self.index.overlaps(hashes, worker_ids)
         if self.approx.num_blocks:
             overlaps.update(self.approx.overlaps(hashes))
         return overlaps
@@ -225,7 +244,7 @@ class RouterService:
 
     def _apply_events(self, msg: KvEvents) -> None:
         identity = self._identities.get(msg.worker_id)
-        if identity is None or self.registry.get(msg.worker_id) is None:
+        if identity is None or (self.registry.get(msg.worker_id) is None and msg.worker_id not in self._tiers):
             return  # a worker we dropped; it re-registers and republishes
         check = self.index.apply_events(msg)
         self.metrics.events_applied.inc(len(msg.events))
@@ -246,11 +265,22 @@ class RouterService:
         self._identities.pop(worker_id, None)
         self.metrics.forget_worker(worker_id)
 
+    def _expire_tiers(self, now_s: float) -> list[str]:
+        """Drop kvtiers silent past the heartbeat timeout: their blocks are credited to nobody any more."""
+        dead = [t for t, seen in self._tiers.items() if now_s - seen > self.config.heartbeat_timeout_s]
+        for tier_id in dead:
+            del self._tiers[tier_id]
+            self.index.remove_worker(tier_id)
+            self._identities.pop(tier_id, None)
+            log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")
+        return dead
+
     async def _reap_loop(self) -> None:
         interval_s = self.config.heartbeat_timeout_s / 4
         while True:
             await asyncio.sleep(interval_s)
             self.approx.expire()
+            self._expire_tiers(time.monotonic())
             for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
                 self._forget(worker_id)
                 log.warning("worker_dropped", worker_id=worker_id, reason="missed heartbeats")

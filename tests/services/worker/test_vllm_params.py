@@ -66,8 +66,8 @@ def test_sampling_for_each_request_kind() -> None:
 
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
     params, forced = to_vllm_sampling(EngineRequest("b", (7, 8, 42), sampling, kv_transfer=kv), None)
-    # The forced first token counts against max_tokens, as in an aggregated run.
-    assert params.max_tokens == 9 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
+    # max_tokens counts the tokens after the first; vLLM's forced (re-sampled, dropped) first step is one more.
+    assert params.max_tokens == 10 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
     assert params.stop_token_ids == [5]
 
     with pytest.raises(EngineError, match="prompt plus the first token"):
