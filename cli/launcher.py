@@ -38,11 +38,20 @@ class GraphSpec:
     block_size: int = 32
     num_blocks: int | None = None
     mock_speedup: float = 1.0
+    mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
+    # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
+    kvtier: bool = True
+    host_cache_gb: float = 1.0
+    disk_cache_gb: float = 0.0
+    disk_cache_dir: Path | None = None
+    kvtier_metrics_port: int = 0
     dtype: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
     router_port: int = 0  # 0: any free port
     router_metrics_port: int = 0  # 0: the router serves no Prometheus metrics
+    router_prefill_weight: float | None = None  # None: the router's default
+    router_busy_threshold: float | None = None
     log_level: str = "info"
     log_json: bool = False
     # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
@@ -62,7 +71,18 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def worker_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]]:
+def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
+    # Slots sized for the mock engine's blocks (36,864 KV bytes per token); vLLM workers ignore kvtier for now.
+    cmd = ["kvtier", "--endpoint", endpoint, "--router", router, "--host-cache-gb", str(spec.host_cache_gb),
+           "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(36864 * spec.block_size)]
+    if spec.disk_cache_dir is not None:
+        cmd += ["--disk-cache-dir", str(spec.disk_cache_dir)]
+    if spec.kvtier_metrics_port:
+        cmd += ["--metrics-port", str(spec.kvtier_metrics_port)]
+    return cmd
+
+
+def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
     roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
     num_cores = os.cpu_count() or 1
     cmds = []
@@ -73,6 +93,10 @@ def worker_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]
                "--nixl-port", str(free_port()), "--core", str(i % num_cores)]
         if spec.num_blocks is not None:
             cmd += ["--num-blocks", str(spec.num_blocks)]
+        if spec.mock_profile is not None:
+            cmd += ["--mock-profile", str(spec.mock_profile)]
+        if kvtier:
+            cmd += ["--kvtier", kvtier]
         cmds.append(cmd)
     return cmds
 
@@ -88,8 +112,16 @@ def launch(spec: GraphSpec) -> int:
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
     commands = [["router", "--endpoint", router, "--policy", spec.router_policy,
                  "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens)]
-                + (["--metrics-port", str(spec.router_metrics_port)] if spec.router_metrics_port else [])]
-    commands += worker_commands(spec, model, router)
+                + (["--metrics-port", str(spec.router_metrics_port)] if spec.router_metrics_port else [])
+                + (["--prefill-weight", str(spec.router_prefill_weight)] if spec.router_prefill_weight is not None else [])
+                + (["--busy-threshold", str(spec.router_busy_threshold)] if spec.router_busy_threshold is not None else [])]
+    # vLLM workers reach kvtier only through a KV connector that does not exist yet: no idle process for them.
+    kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier and spec.engine == "mock" else ""
+    if kvtier:
+        commands.append(kvtier_command(spec, router, kvtier))
+    elif spec.kvtier:
+        log.warning("kvtier_not_started", engine=spec.engine, reason="the vLLM KV connector for kvtier is not built yet")
+    commands += worker_commands(spec, model, router, kvtier)
     commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
                      "--port", str(spec.port)])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -97,6 +97,7 @@ def worker(
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
+    metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -150,7 +151,7 @@ def worker(
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
-                                         transport=_transport(curve_dir)), eng)
+                                         transport=_transport(curve_dir), metrics_port=metrics_port), eng)
     run_service(service.run)
 
 

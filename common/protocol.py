@@ -179,6 +179,8 @@ class WorkerStats(_Msg, frozen=True):
     num_transfers: int = 0
     num_transfer_failures: int = 0
     num_transfer_bytes: int = 0
+    # Seconds spent in those pulls, summed (decode side; vLLM: NIXL telemetry xferDuration). GB/s = bytes / this.
+    transfer_seconds_total: float = 0.0
 
 
 # ------------------------------------------------------------------------------- KV events (source -> router)
@@ -304,6 +306,8 @@ class TierBlocks(_Msg, frozen=True):
     # The first len(blocks) of the asked hashes, in order; every block verified against its checksum by
     # kvtier before sending (a corrupt one ends the run and is dropped).
     blocks: tuple[TierBlock, ...] = ()
+    # The reply stopped at its size cap, not at the end of the run: ask again for the rest.
+    truncated: bool = False
 
 
 class TierStats(_Msg, frozen=True):

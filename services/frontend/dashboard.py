@@ -43,6 +43,7 @@ class Dashboard:
             total = load.num_total_blocks if load else info.num_blocks
             rows.append({
                 "worker_id": info.worker_id, "role": info.role, "engine": info.engine, "endpoint": info.endpoint,
+                "block_size": info.block_size,
                 "responding": stats is not None,
                 "running": load.num_running if load else None, "waiting": load.num_waiting if load else None,
                 "kv_used_blocks": (total - load.num_free_blocks) if load else None, "kv_total_blocks": total,

@@ -196,6 +196,7 @@ class FrontendService:
 
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
                               stop: tuple[str, ...], body) -> None:
+        structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         detok = self.tokenizer.decoder()

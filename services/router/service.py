@@ -53,6 +53,10 @@ class RouterConfig:
     events_advertise: str = ""
     # Approximate mode (engines without KV events): how long a routed prefix counts as cached there.
     approx_ttl_s: float = 120.0
+    # Workers with KV events: how long a routed prompt's blocks count as on that worker before its events
+    # say so (they only come once the prefill has run). Without it, requests for a prefix that arrive while
+    # its first prefill runs see no overlap anywhere and are spread, each recomputing it. 0: off.
+    pending_ttl_s: float = 3.0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # A worker silent this long is dropped (heartbeats come every ~0.25 s).
     # Generous on purpose: a starved but healthy worker must not be dropped (its requests would fail over).
@@ -68,6 +72,7 @@ class RouterService:
         self.registry = Registry()
         self.index = PrefixIndex()
         self.approx = ApproxIndex(ttl_s=config.approx_ttl_s)
+        self.pending = ApproxIndex(ttl_s=config.pending_ttl_s) if config.pending_ttl_s > 0 else None
         # Each worker's DEALER identity on our ROUTER socket, to ask it for a KV snapshot.
         self._identities: dict[str, bytes] = {}
         # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
@@ -156,6 +161,8 @@ class RouterService:
                 # A re-registration starts that worker's KV view from scratch; its events rebuild it.
                 self.index.remove_worker(info.worker_id)
                 self.approx.remove_worker(info.worker_id)
+                if self.pending is not None:
+                    self.pending.remove_worker(info.worker_id)
                 self._identities[info.worker_id] = identity
                 log.info("worker_registered", worker_id=info.worker_id, role=info.role, model=info.model,
                          endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size)
@@ -221,12 +228,22 @@ class RouterService:
         overlaps = self.index.overlaps(hashes, worker_ids)
         if self.approx.num_blocks:
             overlaps.update(self.approx.overlaps(hashes))
+        if self.pending is not None and self.pending.num_blocks:
+            for worker_id, run in self.pending.overlaps(hashes).items():
+                known = overlaps.get(worker_id)
+                if known is None:
+                    overlaps[worker_id] = run
+                elif known.device < run.device:
+                    n = run.device  # blocks on their way to the device: the longer run wins, tier by tier
+                    overlaps[worker_id] = TierOverlap(n, max(known.host, n), max(known.disk, n))
         return overlaps
 
     def _note_approx(self, worker_id: str, hashes: list[int]) -> None:
         entry = self.registry.get(worker_id)
         if entry is not None and not entry.info.kv_events:
             self.approx.record(worker_id, hashes)
+        elif entry is not None and self.pending is not None:
+            self.pending.record(worker_id, hashes)
 
     async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
         while True:
@@ -262,6 +279,8 @@ class RouterService:
     def _forget(self, worker_id: str) -> None:
         self.index.remove_worker(worker_id)
         self.approx.remove_worker(worker_id)
+        if self.pending is not None:
+            self.pending.remove_worker(worker_id)
         self._identities.pop(worker_id, None)
         self.metrics.forget_worker(worker_id)
 
@@ -280,6 +299,8 @@ class RouterService:
         while True:
             await asyncio.sleep(interval_s)
             self.approx.expire()
+            if self.pending is not None:
+                self.pending.expire()
             self._expire_tiers(time.monotonic())
             for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
                 self._forget(worker_id)

@@ -49,6 +49,8 @@ class EngineCounters:
     num_transfer_bytes: int = 0
     # Seconds spent pulling KV, one entry per finished transfer (drained by the service for metrics).
     transfer_seconds: tuple[float, ...] = field(default_factory=tuple)
+    # Cumulative sum of every transfer's seconds (not drained), for GetStats.
+    transfer_seconds_total: float = 0.0
 
 
 class Engine(Protocol):

@@ -28,11 +28,13 @@ from common.protocol import (
     Tokens,
     Unregister,
     WorkerInfo,
+    WorkerLoad,
     WorkerStats,
 )
 from common.transport import Client, Server, TransportConfig, new_id, open_context
-from services.worker.engine import Engine, EngineRequest
+from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
+from services.worker.metrics import WorkerMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +54,7 @@ class WorkerConfig:
     hash_seed: int = 0
     heartbeat_interval_s: float = 0.25
     register_timeout_s: float = 2.0
+    metrics_port: int = 0  # 0: no Prometheus endpoint
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -68,6 +71,7 @@ class WorkerService:
         self._events = (KvEventPublisher(config.worker_id, engine)  # type: ignore[arg-type]
                         if hasattr(engine, "drain_kv_events") else None)
         self._ctx: zmq.asyncio.Context | None = None
+        self.metrics = WorkerMetrics(config.worker_id, config.role)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -80,6 +84,8 @@ class WorkerService:
         try:
             await self.engine.start()
             await self._register()
+            if self.config.metrics_port:
+                self.metrics.serve(self.config.metrics_port)
             loop = asyncio.get_running_loop()
             background.append(loop.create_task(self._heartbeat_loop()))
             if self._events is not None:
@@ -125,16 +131,19 @@ class WorkerService:
                 if rid in self._tasks:
                     asyncio.get_running_loop().create_task(self.engine.abort(rid))
             case GetStats(request_id=rid):
-                c = self.engine.counters()
+                c = self._refresh_counters()
                 self._server.send_nowait(identity, WorkerStats(
                     request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
-                    num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes))
+                    num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
+                    transfer_seconds_total=c.transfer_seconds_total))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 
     async def _generate(self, identity: bytes, msg: Generate) -> None:
         assert self._server is not None
+        # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
+        structlog.contextvars.bind_contextvars(request_id=msg.request_id)
         request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                                 prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer)
         try:
@@ -157,6 +166,12 @@ class WorkerService:
             await self.engine.abort(msg.request_id)
         finally:
             self._tasks.pop(msg.request_id, None)
+
+    def _refresh_counters(self, load: WorkerLoad | None = None) -> EngineCounters:
+        """Fresh engine counters, fed to the metrics (``counters()`` hands each transfer's seconds out once)."""
+        counters = self.engine.counters()
+        self.metrics.observe(load or self.engine.load(), counters)
+        return counters
 
     def _info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -210,9 +225,10 @@ class WorkerService:
                 log.warning("router_forgot_us", worker_id=self.config.worker_id)
                 await self._register()
             seq += 1
+            load = self.engine.load()
+            self._refresh_counters(load)
             try:
-                self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=self.engine.load(),
-                                                   seq=seq))
+                self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=load, seq=seq))
             except zmq.Again:  # router unreachable and our queue full: the next beat will do
                 pass
             await asyncio.sleep(self.config.heartbeat_interval_s)

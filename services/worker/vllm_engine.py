@@ -303,6 +303,7 @@ class VllmEngine:
             num_transfer_failures=self._stats.num_transfer_failures,
             num_transfer_bytes=self._stats.num_transfer_bytes,
             transfer_seconds=self._stats.drain_transfer_seconds(),
+            transfer_seconds_total=self._stats.transfer_seconds_total,
         )
 
     def prompt_token_sources(self) -> PromptTokenSources:

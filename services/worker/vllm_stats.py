@@ -40,6 +40,7 @@ class EngineStatsSink:
         self.num_transfer_bytes = 0
         self.num_transfer_failures = 0
         self.transfer_seconds: list[float] = []
+        self.transfer_seconds_total = 0.0
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
@@ -64,6 +65,7 @@ class EngineStatsSink:
         durations = data.get("transfer_duration", [])
         self.num_transfers += len(durations)
         self.transfer_seconds.extend(float(d) for d in durations)
+        self.transfer_seconds_total += sum(float(d) for d in durations)
         self.num_transfer_bytes += int(sum(data.get("bytes_transferred", [])))
         self.num_transfer_failures += sum(
             len(data.get(key, [])) for key in ("num_failed_transfers", "num_failed_handshakes")

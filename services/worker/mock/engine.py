@@ -12,19 +12,26 @@ already end with the prefill worker's token, so the caller passes the remaining 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 import xxhash
 
 from common.errors import EngineError
+from common.hashing import block_hashes
 from common.protocol import KvTransferParams, WorkerLoad
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
-from services.worker.mock.block_manager import BlockManager, KvEvent
+from services.worker.mock.block_manager import BlockManager, BlocksRemoved, BlocksStored, KvEvent
 from services.worker.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, SeqSpec, StepPlan
+from services.worker.mock.payload import fake_kv_checksum, fake_kv_payload
 from services.worker.mock.timing import TimingModel
+
+if TYPE_CHECKING:
+    from services.worker.tier_client import TierBackend
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +58,12 @@ class MockEngineConfig:
     engine_id: str = "mock"
     # False: eos_token_id is never generated, so only max_tokens or a user's stop id ends a request.
     emit_eos: bool = False
+    # A shared KV tier (kvtier): evicted cached blocks are offloaded to it (with a deterministic stand-in
+    # payload of kv_bytes_per_token * block_size bytes), and a new prompt's continuation of the local
+    # prefix is onboarded from it (simulated transfer time) instead of recomputed. None: no tier.
+    tier: TierBackend | None = None
+    # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
+    tier_write_through: bool = False
 
 
 def next_token_id(token_ids: Sequence[int], seed: int | None, config: MockEngineConfig) -> int:
@@ -94,6 +107,13 @@ class MockEngine:
         self._num_transfers = 0
         self._num_transfer_bytes = 0
         self._transfer_seconds: list[float] = []
+        self._tier = config.tier
+        self._block_bytes = config.kv_bytes_per_token * config.block_size
+        # Block-manager events collected each step (offloads happen there), drained by the publisher.
+        self._pending_events: list[KvEvent] = []
+        self.num_onboards = 0
+        self.num_onboarded_tokens = 0
+        self.num_onboard_rejected = 0
 
     # ------------------------------------------------------------------------------------------ Engine
 
@@ -107,6 +127,10 @@ class MockEngine:
         self._check_serving()
         spec = self._validate(request)
         request_id = request.request_id
+        if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
+            num_onboard = await self._onboard_tokens(request.token_ids)
+            if num_onboard:
+                spec = dataclasses.replace(spec, num_onboard_tokens=num_onboard)
         if request_id in self._live:
             raise EngineError(f"request {request_id!r} is already running")
         live = _Live(request=request, queue=asyncio.Queue())
@@ -163,12 +187,16 @@ class MockEngine:
             except asyncio.CancelledError:
                 pass
         self._fail(EngineError("mock engine shut down"))
+        if self._tier is not None:
+            await self._tier.close()
 
     # ------------------------------------------------------------------------------------------- extras
 
     def drain_kv_events(self) -> list[KvEvent]:
         """Prefix-cache stores and evictions since the previous call, for the worker to publish."""
-        return self._blocks.drain_events()
+        self._collect_events()
+        events, self._pending_events = self._pending_events, []
+        return events
 
     def kv_snapshot(self) -> tuple[int, ...]:
         """Hashes of every cached block now; events drained after this call apply on top."""
@@ -227,12 +255,59 @@ class MockEngine:
         self._wakeup.set()
         return live
 
+    # --------------------------------------------------------------------------------------- KV tier
+
+    def _collect_events(self) -> None:
+        """Move the block manager's new events to the publisher's buffer; offload what left the cache."""
+        events = self._blocks.drain_events()
+        if not events:
+            return
+        self._pending_events += events
+        if self._tier is None:
+            return
+        hashes: list[int] = []
+        for event in events:
+            if isinstance(event, BlocksRemoved) or (self.config.tier_write_through and isinstance(event, BlocksStored)):
+                hashes += event.block_hashes
+        if hashes:
+            self._tier.offload(hashes, self._payload)
+
+    def _payload(self, block_hash: int) -> bytes:
+        return fake_kv_payload(block_hash, self._block_bytes)
+
+    async def _onboard_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens of the prompt's prefix whose KV is local or in the tier (0: the tier adds nothing).
+
+        Only blocks before the last token count (that one is always computed). Each fetched block must be
+        exactly the KV of its prefix (here: the stand-in payload of its hash); the first one that is not
+        ends the run, and the rest is recomputed.
+        """
+        assert self._tier is not None
+        block_size = self.block_size
+        hashes = block_hashes(token_ids[:-1], block_size, self.config.hash_seed)
+        num_local = self._blocks.match_prefix(token_ids[:-1]).num_cached_tokens // block_size
+        if num_local >= len(hashes):
+            return 0
+        fetched = await self._tier.lookup(hashes[num_local:])
+        num_good = 0
+        for block in fetched:
+            if (len(block.data) != self._block_bytes
+                    or xxhash.xxh3_64_intdigest(block.data) != fake_kv_checksum(block.block_hash, self._block_bytes)):
+                self.num_onboard_rejected += 1
+                log.warning("tier_block_mismatch", block_hash=block.block_hash)
+                break
+            num_good += 1
+        if not num_good:
+            return 0
+        return (num_local + num_good) * block_size
+
     # --------------------------------------------------------------------------------------- step loop
 
     async def _step_loop(self) -> None:
         try:
             while True:
                 plan = self._scheduler.schedule() if self._scheduler.has_work() else StepPlan()
+                self._collect_events()
                 for load in plan.loads:
                     self._start_load(load)
                 if not (plan.prefills or plan.decode_seq_ids):
@@ -245,6 +320,7 @@ class MockEngine:
                 )
                 await asyncio.sleep(step_s)  # sleep(0) at infinite speedup still lets others run
                 self._apply(plan)
+                self._collect_events()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -297,17 +373,22 @@ class MockEngine:
         num_bytes = load.num_tokens * self.config.kv_bytes_per_token
         transfer_s = self.config.timing.transfer_s(num_bytes)
         loop = asyncio.get_running_loop()
-        handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s)
+        handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard)
         self._load_handles[load.seq_id] = handle
 
-    def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float) -> None:
+    def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float, onboard: bool = False) -> None:
         try:
             self._load_handles.pop(seq_id, None)
-            if self._scheduler.finish_load(seq_id):
+            if not self._scheduler.finish_load(seq_id):
+                return
+            if onboard:  # from a KV tier, counted apart from prefill-worker transfers
+                self.num_onboards += 1
+                self.num_onboarded_tokens += num_bytes // self.config.kv_bytes_per_token
+            else:
                 self._num_transfers += 1
                 self._num_transfer_bytes += num_bytes
                 self._transfer_seconds.append(transfer_s)
-                self._wakeup.set()
+            self._wakeup.set()
         except Exception as exc:
             log.exception("mock engine transfer completion failed", request_id=seq_id)
             self._fail(exc)

@@ -40,6 +40,14 @@ class SeqSpec:
     prefill_only: bool = False
     # The KV of every token but the last is pulled from a prefill worker instead of computed.
     kv_transfer: bool = False
+    # The KV of the first this-many tokens (whole blocks, < len(token_ids)) is onboarded from a KV tier
+    # (kvtier) instead of computed; the rest of the prompt is prefilled after it lands. They count as cached.
+    num_onboard_tokens: int = 0
+
+    @property
+    def num_load_tokens(self) -> int:
+        """Tokens whose KV a load brings (0: none)."""
+        return len(self.token_ids) - 1 if self.kv_transfer else self.num_onboard_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,8 @@ class KvLoad:
     seq_id: str
     num_tokens: int
     block_ids: tuple[int, ...]
+    # From a KV tier (kvtier), not from a prefill worker.
+    onboard: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +165,9 @@ class Scheduler:
             raise ValueError(f"sequence {spec.seq_id!r} is already scheduled")
         if not spec.token_ids or (spec.kv_transfer and len(spec.token_ids) < 2):
             raise ValueError(f"sequence {spec.seq_id!r} has too few tokens")
-        seq = _Seq(spec=spec, token_ids=list(spec.token_ids), pending_transfer=spec.kv_transfer)
+        if not 0 <= spec.num_onboard_tokens < len(spec.token_ids):
+            raise ValueError(f"sequence {spec.seq_id!r}: num_onboard_tokens must leave a token to compute")
+        seq = _Seq(spec=spec, token_ids=list(spec.token_ids), pending_transfer=spec.num_load_tokens > 0)
         self._seqs[spec.seq_id] = seq
         self._waiting.append(seq)
 
@@ -178,8 +190,11 @@ class Scheduler:
         seq = self._loading.pop(seq_id, None)
         if seq is None:
             return False
-        seq.num_computed_tokens = len(seq.token_ids) - 1
+        seq.num_computed_tokens = seq.spec.num_load_tokens
         seq.pending_transfer = False
+        if not seq.spec.kv_transfer:
+            # Onboarded from a KV tier: like a prefix-cache hit (vLLM counts external hits as cached too).
+            seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed_tokens)
         self.blocks.commit(seq_id, seq.token_ids, seq.num_computed_tokens)
         self._running.append(seq)
         return True
@@ -224,15 +239,16 @@ class Scheduler:
             seq_id = seq.spec.seq_id
             # At least the last token is computed: it is the one that yields logits.
             match = self.blocks.match_prefix(seq.token_ids[:-1])
-            if seq.pending_transfer and match.num_cached_tokens < len(seq.token_ids) - 1:
-                num_kv_tokens = len(seq.token_ids) - 1
+            if seq.pending_transfer and match.num_cached_tokens < seq.spec.num_load_tokens:
+                num_kv_tokens = seq.spec.num_load_tokens
                 if not self.blocks.allocate(seq_id, match, num_kv_tokens):
                     break
                 self._waiting.popleft()
                 self._start(seq, match.num_cached_tokens)
                 self._loading[seq_id] = seq
                 num_load_tokens = num_kv_tokens - match.num_cached_tokens
-                loads.append(KvLoad(seq_id, num_load_tokens, self.blocks.block_ids(seq_id)))
+                loads.append(KvLoad(seq_id, num_load_tokens, self.blocks.block_ids(seq_id),
+                                    onboard=not seq.spec.kv_transfer))
                 continue
             num_new = min(len(seq.token_ids) - match.num_cached_tokens, budget)
             target = match.num_cached_tokens + num_new

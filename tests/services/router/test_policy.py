@@ -36,7 +36,7 @@ def dev(n: int) -> TierOverlap:
     return TierOverlap(n, n, n)
 
 
-KV = PolicyConfig()
+KV = PolicyConfig(prefill_weight=1.0)  # the cost formula's arithmetic at unit weight (the default is tuned)
 
 
 @pytest.mark.parametrize(
@@ -74,14 +74,14 @@ KV = PolicyConfig()
             Choice("b", 1.0, 0.0, "lowest_cost", 10.0), id="weight-0"),
         pytest.param(  # custom credits: host counts fully
             [cand("a"), cand("b")], {"a": TierOverlap(0, 8, 8), "b": dev(7)}, 10,
-            PolicyConfig(host_credit=1.0), Choice("a", 2.0, 8.0, "lowest_cost", 8.0), id="host-credit-1"),
+            PolicyConfig(host_credit=1.0, prefill_weight=1.0), Choice("a", 2.0, 8.0, "lowest_cost", 8.0), id="host-credit-1"),
         pytest.param(  # least-loaded ignores overlap; ties on requests broken by active blocks
             [cand("a", running=1, active=9), cand("b", running=1, active=3), cand("c", running=3)],
-            {"a": dev(10)}, 10, PolicyConfig(policy="least-loaded"),
+            {"a": dev(10)}, 10, PolicyConfig(policy="least-loaded", prefill_weight=1.0),
             Choice("b", 13.0, 0.0, "least_loaded", 10.0), id="least-loaded"),
         pytest.param(
             [cand("a", free=0), cand("b", waiting=9), cand("c", waiting=4)], {}, 1,
-            PolicyConfig(policy="least-loaded"),
+            PolicyConfig(policy="least-loaded", prefill_weight=1.0),
             Choice("c", 1.0, 0.0, "least_loaded", 0.0), id="least-loaded-skips-busy"),
     ],
 )

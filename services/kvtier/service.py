@@ -1,0 +1,295 @@
+"""The kvtier process: a shared KV store (host pool + NVMe slab) behind a ROUTER socket (DESIGN §6).
+
+Workers send ``TierStore`` (blocks their engine evicted, or wrote through after prefill) and ``TierLookup``
+(the continuation of a prompt's locally cached prefix); ``GetStats`` answers ``TierStats``. kvtier
+registers with the router (``RegisterTier``), heartbeats, and publishes its host/disk changes as numbered
+``KvEvents`` under its tier id, so the router credits its blocks to every worker (a shared source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import structlog
+import zmq
+import zmq.asyncio
+
+from common import protocol
+from common.errors import ProtocolError, RemoteError, TransportTimeout
+from common.protocol import (
+    BlockStored,
+    ErrorReply,
+    GetStats,
+    Heartbeat,
+    KvEvent,
+    KvEvents,
+    KvSnapshot,
+    KvSnapshotRequest,
+    Message,
+    RegisterAck,
+    RegisterTier,
+    StoredBlock,
+    TierBlocks,
+    TierLookup,
+    TierStats,
+    TierStore,
+    TierStored,
+    WorkerLoad,
+)
+from common.transport import Client, Server, TransportConfig, new_id
+from services.kvtier.metrics import KvTierMetrics
+from services.kvtier.pool import GIB, agent_name, make_nixl_agent
+from services.kvtier.store import BlockStore
+
+log = structlog.get_logger(__name__)
+
+# The mock engine's default block: 36,864 KV bytes per token (12 layers, K+V, 768 hidden, bf16) * 32 tokens.
+DEFAULT_BLOCK_BYTES = 36864 * 32
+
+
+@dataclass(frozen=True)
+class KvTierConfig:
+    tier_id: str = "kvtier-0"
+    endpoint: str = "tcp://127.0.0.1:5570"
+    # Endpoint registered with the router for workers to dial ("" = the bound one).
+    advertise_endpoint: str = ""
+    # "" = standalone: no registration, no events (the router will not credit kvtier's blocks).
+    router_endpoint: str = ""
+    host_bytes: int = GIB
+    disk_bytes: int = 0
+    disk_dir: Path | None = None
+    # Fixed slot size; larger blocks are refused.
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    # Host blocks go to disk on eviction only if looked up at least this many times (else dropped).
+    disk_min_hits: int = 1
+    # Register the pool with NIXL (UCX + POSIX). False, or a failure, leaves inline bytes only.
+    nixl: bool = True
+    # Disk I/O through NIXL's POSIX backend when it works; False forces os.pread/pwrite.
+    disk_nixl: bool = True
+    heartbeat_interval_s: float = 0.25
+    register_timeout_s: float = 2.0
+    events_interval_s: float = 0.01
+    # Bytes of block data in one TierBlocks reply (a message stays under the transport's limit).
+    max_reply_bytes: int = 12 * 1024 * 1024
+    metrics_port: int = 0
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+
+class KvTierService:
+    def __init__(self, config: KvTierConfig) -> None:
+        self.config = config
+        self.metrics = KvTierMetrics()
+        self.store: BlockStore | None = None
+        self.endpoint = ""
+        self._server: Server | None = None
+        self._router: Client | None = None
+        self._pub: zmq.asyncio.Socket | None = None
+        self._next_event_id = 0
+        self._must_register = asyncio.Event()
+        self._ctx: zmq.asyncio.Context | None = None
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        cfg = self.config
+        ctx = self._ctx = zmq.asyncio.Context()
+        self._server = Server(ctx, cfg.endpoint, cfg.transport)
+        self.endpoint = self._server.endpoint
+        store = self.store = BlockStore(cfg.tier_id, cfg.host_bytes, cfg.block_bytes, cfg.disk_bytes, cfg.disk_dir,
+                                        cfg.disk_min_hits, None, cfg.disk_nixl, self.metrics)
+        self.metrics.capacity.labels(tier="host").set(store.index.num_slots("host"))
+        self.metrics.capacity.labels(tier="disk").set(store.index.num_slots("disk"))
+        if cfg.metrics_port:
+            self.metrics.serve(cfg.metrics_port)
+        background: list[asyncio.Task[None]] = []
+        try:
+            loop = asyncio.get_running_loop()
+            if cfg.router_endpoint:
+                self._router = Client(ctx, cfg.router_endpoint, cfg.transport, on_unsolicited=self._on_router_message)
+                await self._register()
+                background.append(loop.create_task(self._heartbeat_loop()))
+            background.append(loop.create_task(self._events_loop()))
+            if cfg.nixl:
+                background.append(loop.create_task(self._attach_nixl()))
+            log.info("kvtier_ready", tier_id=cfg.tier_id, endpoint=self.endpoint, host_slots=store.pool.num_slots,
+                     disk_slots=store.index.num_slots("disk"), block_bytes=cfg.block_bytes,
+                     nixl=store.pool.registered, disk_io=store.disk.io_mode if store.disk else "")
+            if ready is not None:
+                ready.set()
+            await self._serve()
+        finally:
+            for task in background:
+                task.cancel()
+            if self._pub is not None:
+                self._pub.close(linger=0)
+            if self._router is not None:
+                await self._router.close()
+            self._server.close()
+            store.close()
+            ctx.term()
+
+    async def _attach_nixl(self) -> None:
+        """Make the NIXL agent off the event loop (importing NIXL imports torch: seconds), then register."""
+        assert self.store is not None
+        nixl = await asyncio.to_thread(make_nixl_agent, agent_name(self.config.tier_id))
+        if nixl is not None:
+            self.store.attach_nixl(nixl)
+        log.info("kvtier_nixl", registered=self.store.pool.registered,
+                 disk_io=self.store.disk.io_mode if self.store.disk else "")
+
+    # ------------------------------------------------------------------------------------------ serving
+
+    async def _serve(self) -> None:
+        assert self._server is not None
+        while True:
+            identity, msg = await self._server.recv()
+            try:
+                reply = self.handle(msg)
+            except ProtocolError as exc:
+                log.warning("dropped_message", reason=str(exc))
+                continue
+            except Exception as exc:  # one bad message must not take kvtier down
+                log.exception("handler_failed", message=type(msg).__name__)
+                rid = getattr(msg, "request_id", None)
+                if rid is None:
+                    continue
+                reply = ErrorReply(request_id=rid, code="internal_error", message=repr(exc))
+            if reply is not None:
+                self._server.send_nowait(identity, reply)
+
+    def handle(self, msg: Message) -> Message | None:
+        store = self.store
+        assert store is not None
+        match msg:
+            case TierStore(request_id=rid, blocks=blocks):
+                stored, present, rejected = store.store(blocks)
+                if rejected:
+                    log.warning("blocks_rejected", worker_id=msg.worker_id, num_rejected=rejected)
+                return TierStored(request_id=rid, num_stored=stored, num_present=present, num_rejected=rejected)
+            case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks):
+                cap = max(1, self.config.max_reply_bytes // store.block_bytes)
+                cap = min(cap, max_blocks) if max_blocks else cap
+                blocks = store.lookup(hashes, cap)
+                return TierBlocks(request_id=rid, blocks=tuple(blocks),
+                                  truncated=len(blocks) == cap and len(hashes) > cap)
+            case GetStats(request_id=rid):
+                return self.stats(rid)
+            case _:
+                raise ProtocolError(f"kvtier does not handle {type(msg).__name__}")
+
+    def stats(self, request_id: str) -> TierStats:
+        store = self.store
+        assert store is not None
+        c, index = store.index.counters, store.index
+        return TierStats(
+            request_id=request_id, tier_id=self.config.tier_id, block_bytes=store.block_bytes,
+            host_slots=index.num_slots("host"), host_used=index.num_used("host"),
+            disk_slots=index.num_slots("disk"), disk_used=index.num_used("disk"),
+            hits_host=c.hits_host, hits_disk=c.hits_disk, misses=c.misses, blocks_stored=c.stored,
+            bytes_in=store.bytes_in, bytes_out=store.bytes_out, evictions_host=c.evictions_host,
+            evictions_disk=c.evictions_disk, demotions=c.demotions,
+            checksum_failures=store.num_checksum_failures,
+            disk_io=store.disk.io_mode if store.disk else "", nixl=store.pool.registered)
+
+    # ------------------------------------------------------------------------------------------- router
+
+    async def _register(self) -> None:
+        assert self._router is not None and self.store is not None
+        backoff_s = 0.1
+        msg = RegisterTier(request_id="", tier_id=self.config.tier_id,
+                           endpoint=self.config.advertise_endpoint or self.endpoint,
+                           block_bytes=self.store.block_bytes,
+                           nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "")
+        while True:
+            try:
+                ack = await self._router.request(msgspec.structs.replace(msg, request_id=new_id("treg")),
+                                                 timeout_s=self.config.register_timeout_s)
+                assert isinstance(ack, RegisterAck)
+                self._must_register.clear()
+                if ack.events_endpoint:
+                    self._connect_events(ack.events_endpoint)
+                log.info("tier_registered", tier_id=self.config.tier_id, router=self.config.router_endpoint)
+                return
+            except RemoteError as exc:
+                log.warning("tier_register_failed", error=str(exc))
+            except TransportTimeout:
+                log.warning("router_unreachable", router=self.config.router_endpoint)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+
+    def _connect_events(self, endpoint: str) -> None:
+        """(Re)connect the PUB socket; numbering restarts at 0 with everything held as the first batch."""
+        assert self._ctx is not None and self.store is not None
+        if self._pub is not None:
+            self._pub.close(linger=0)
+        sock = self._ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.config.transport.hwm)
+        sock.connect(endpoint)
+        self._pub = sock
+        self._next_event_id = 0
+        index = self.store.index
+        index.drain_events()
+        first: list[KvEvent] = []
+        for tier in ("host", "disk"):
+            hashes = index.hashes(tier)  # type: ignore[arg-type]
+            if hashes:
+                first.append(BlockStored(block_hashes=tuple(hashes), parent_hash=None, tier=tier))  # type: ignore[arg-type]
+        # Always publish batch 0 (even empty): the router learns our numbering starts now.
+        self._publish(tuple(first))
+
+    def _publish(self, events: tuple[KvEvent, ...]) -> None:
+        assert self._pub is not None
+        msg = KvEvents(worker_id=self.config.tier_id, event_id=self._next_event_id, events=events)
+        self._next_event_id += 1
+        try:
+            self._pub.send(protocol.encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("kv_events_dropped", tier_id=self.config.tier_id, event_id=msg.event_id)
+
+    def flush_events(self) -> None:
+        assert self.store is not None
+        events = self.store.index.drain_events()
+        if events and self._pub is not None:
+            self._publish(tuple(events))
+
+    async def _events_loop(self) -> None:
+        while True:
+            self.flush_events()
+            await asyncio.sleep(self.config.events_interval_s)
+
+    def _snapshot(self, request_id: str) -> KvSnapshot:
+        assert self.store is not None
+        self.flush_events()
+        blocks = tuple(StoredBlock(block_hash=h, parent_hash=None, tier=t) for h, t in self.store.index.snapshot())
+        return KvSnapshot(request_id=request_id, worker_id=self.config.tier_id, event_id=self._next_event_id - 1,
+                          tier_blocks=blocks)
+
+    def _on_router_message(self, msg: Message) -> None:
+        match msg:
+            case ErrorReply(code="not_registered"):
+                self._must_register.set()
+            case KvSnapshotRequest(request_id=rid):
+                if self._router is not None and self._pub is not None:
+                    self._router.send_nowait(self._snapshot(rid))
+            case _:
+                log.warning("unexpected_router_message", type=type(msg).__name__)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._router is not None and self.store is not None
+        seq = 0
+        while True:
+            if self._must_register.is_set():
+                log.warning("router_forgot_us", tier_id=self.config.tier_id)
+                await self._register()
+            seq += 1
+            index = self.store.index
+            load = WorkerLoad(num_total_blocks=index.num_slots("host"),
+                              num_free_blocks=index.num_slots("host") - index.num_used("host"))
+            try:
+                self._router.send_nowait(Heartbeat(worker_id=self.config.tier_id, load=load, seq=seq))
+            except zmq.Again:
+                pass
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+

@@ -1,0 +1,118 @@
+"""kvtier's synchronous core: index + host pool + disk tier + transfer seam. No sockets (tested directly).
+
+``store`` takes ``TierBlock``s (checked on the way in), ``lookup`` returns the leading run of asked hashes
+with their bytes, each re-checked against the checksum recorded at store time: a block whose bytes no
+longer match (a corrupt disk slot) is removed and ends the run, so a wrong block is never served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from common.protocol import TierBlock
+from services.kvtier.disk import DiskTier
+from services.kvtier.index import TierIndex
+from services.kvtier.metrics import KvTierMetrics
+from services.kvtier.pool import HostPool, NixlHandle
+from services.kvtier.transfer import InlineTransfer, checksum
+
+log = structlog.get_logger(__name__)
+
+
+class BlockStore:
+    def __init__(self, tier_id: str, host_bytes: int, block_bytes: int, disk_bytes: int = 0,
+                 disk_dir: Path | None = None, disk_min_hits: int = 1, nixl: NixlHandle | None = None,
+                 disk_prefer_nixl: bool = True, metrics: KvTierMetrics | None = None) -> None:
+        self.tier_id = tier_id
+        self.block_bytes = block_bytes
+        self.pool = HostPool(host_bytes, block_bytes, nixl)
+        disk_slots = disk_bytes // block_bytes if disk_dir is not None else 0
+        self.disk = (DiskTier(disk_dir, tier_id, disk_slots, block_bytes, self.pool, nixl, disk_prefer_nixl)
+                     if disk_slots and disk_dir is not None else None)
+        self.index = TierIndex(self.pool.num_slots, disk_slots if self.disk else 0, disk_min_hits)
+        self.transfer = InlineTransfer()
+        self.metrics = metrics or KvTierMetrics()
+        self.num_rejected = 0
+        self.num_checksum_failures = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def attach_nixl(self, nixl: NixlHandle) -> None:
+        """Register the pool (and move disk I/O to NIXL POSIX) once an agent exists; made late because
+        importing NIXL (it imports torch) takes seconds and kvtier serves inline bytes meanwhile."""
+        if self.pool.attach_nixl(nixl) and self.disk is not None:
+            self.disk.attach_nixl(nixl)
+
+    def store(self, blocks: Sequence[TierBlock]) -> tuple[int, int, int]:
+        """(stored, present, rejected)."""
+        stored = present = rejected = stored_bytes = 0
+        for block in blocks:
+            if block.block_hash in self.index:
+                self.index.store(block.block_hash, block.checksum, block.size)  # refresh only
+                present += 1
+                continue
+            data = self.transfer.incoming(block)
+            if data is None or block.size > self.block_bytes:
+                rejected += 1
+                continue
+            plan = self.index.store(block.block_hash, block.checksum, block.size)
+            if plan.slot is None:
+                rejected += 1
+                continue
+            for demote in plan.demotes:  # before the host slot is overwritten
+                assert self.disk is not None
+                self.disk.write_from_host(demote.host_slot, demote.disk_slot, demote.size)
+            self.pool.write(plan.slot, data)
+            stored += 1
+            stored_bytes += len(data)
+        self.num_rejected += rejected
+        self.bytes_in += stored_bytes
+        self._observe()
+        self.metrics.bytes_in.inc(stored_bytes)
+        self.metrics.stores.labels(result="stored").inc(stored)
+        self.metrics.stores.labels(result="present").inc(present)
+        self.metrics.stores.labels(result="rejected").inc(rejected)
+        return stored, present, rejected
+
+    def lookup(self, hashes: Sequence[int], max_blocks: int = 0, max_bytes: int = 0) -> list[TierBlock]:
+        """The leading run of ``hashes`` held here, at most ``max_blocks`` (0: all) and ``max_bytes`` of slots."""
+        if max_bytes:
+            cap = max(1, max_bytes // self.block_bytes)
+            max_blocks = min(max_blocks, cap) if max_blocks else cap
+        before = (self.index.counters.hits_host, self.index.counters.hits_disk, self.index.counters.misses)
+        out: list[TierBlock] = []
+        for entry in self.index.lookup(hashes, max_blocks):
+            if entry.tier == "host":
+                data = self.pool.read(entry.slot, entry.size)
+            else:
+                assert self.disk is not None
+                data = self.disk.read(entry.slot, entry.size)
+            if checksum(data) != entry.checksum:
+                log.error("checksum_mismatch", block_hash=entry.block_hash, tier=entry.tier, slot=entry.slot)
+                self.num_checksum_failures += 1
+                self.metrics.checksum_failures.labels(tier=entry.tier).inc()
+                self.index.remove(entry.block_hash)
+                break
+            out.append(self.transfer.outgoing(entry.block_hash, entry.checksum, entry.tier, data))
+        self.bytes_out += sum(b.size for b in out)
+        c = self.index.counters
+        self.metrics.hits.labels(tier="host").inc(c.hits_host - before[0])
+        self.metrics.hits.labels(tier="disk").inc(c.hits_disk - before[1])
+        self.metrics.misses.inc(c.misses - before[2])
+        self.metrics.bytes_out.inc(sum(b.size for b in out))
+        self._observe()
+        return out
+
+    def _observe(self) -> None:
+        m, c = self.metrics, self.index.counters
+        m.occupancy.labels(tier="host").set(self.index.num_used("host"))
+        m.occupancy.labels(tier="disk").set(self.index.num_used("disk"))
+        m.set_evictions(c.evictions_host, c.evictions_disk, c.demotions)
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
+        self.pool.close()
