@@ -47,3 +47,54 @@ def test_killed_worker_mid_stream_migrates_and_output_is_unchanged(agg2: Graph) 
     # The survivor (and the restarted worker, once back) hold no blocks.
     assert wait_until(lambda: all(s.load.num_free_blocks == 512 for s in worker_stats(agg2.router).values()), 5)
     assert agg2.alive()  # the launcher restarted the killed worker instead of giving up
+
+
+@pytest.fixture()
+def pd(tmp_path) -> Graph:
+    graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "10",
+                        "--num-blocks", "512", "--no-kvtier")
+    yield graph
+    graph.stop()
+
+
+def test_killed_router_streams_continue_and_service_recovers(pd: Graph) -> None:
+    prompt = [300 + i for i in range(400)]
+    reference = client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9,
+                                              extra_body={"ignore_eos": True}).choices[0].text
+    chunks: list[str] = []
+    done = threading.Event()
+
+    def stream() -> None:
+        for ch in client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9, stream=True,
+                                                extra_body={"ignore_eos": True}):
+            if ch.choices:
+                chunks.append(ch.choices[0].text)
+        done.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert wait_until(lambda: len(chunks) > 20, timeout_s=10)
+    os.kill(child_pid(pd, "cli.main router"), signal.SIGKILL)
+    assert done.wait(30)
+    thread.join()
+    # Tokens never pass through the router: the stream finished untouched.
+    assert "".join(chunks) == reference
+    # The launcher restarts the router; workers re-register; new requests are served again.
+    assert wait_until(lambda: len(worker_stats(pd.router)) == 2, timeout_s=15)
+    again = client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9,
+                                          extra_body={"ignore_eos": True})
+    assert again.choices[0].text == reference
+
+
+def test_killed_prefill_worker_is_routed_around(pd: Graph) -> None:
+    prompt = [700 + i for i in range(600)]  # long: remote prefill while the prefill worker lives
+    reference = client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=20, seed=4).choices[0].text
+    os.kill(child_pid(pd, "--worker-id prefill-0"), signal.SIGKILL)
+    # The next long prompts still complete with the same output: prefilled on the decode worker meanwhile.
+    for salt in range(3):
+        other = [t + salt for t in prompt]
+        out = client(pd).completions.create(model=MODEL, prompt=other, max_tokens=20, seed=4)
+        assert out.usage.completion_tokens == 20
+    assert client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=20,
+                                         seed=4).choices[0].text == reference
+    assert wait_until(lambda: all(s.load.num_running == 0 for s in worker_stats(pd.router).values()), 10)

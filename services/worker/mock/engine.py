@@ -16,6 +16,7 @@ import dataclasses
 import struct
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import structlog
@@ -56,8 +57,11 @@ class MockEngineConfig:
     kv_bytes_per_token: int = 36864
     # Named in the KvTransferParams a prefill_only request returns.
     engine_id: str = "mock"
-    # False: eos_token_id is never generated, so only max_tokens or a user's stop id ends a request.
+    # False: eos_token_id (and every id in other_eos_token_ids) is never generated, so only max_tokens or a
+    # user's stop id ends a request.
     emit_eos: bool = False
+    # Models often have several end tokens (generation_config's eos_token_id list).
+    other_eos_token_ids: tuple[int, ...] = ()
     # A shared KV tier (kvtier): evicted cached blocks are offloaded to it (with a deterministic stand-in
     # payload of kv_bytes_per_token * block_size bytes), and a new prompt's continuation of the local
     # prefix is onboarded from it (simulated transfer time) instead of recomputed. None: no tier.
@@ -71,11 +75,19 @@ def next_token_id(token_ids: Sequence[int], seed: int | None, config: MockEngine
     tail = token_ids[-_CONTEXT_TOKENS:]
     data = struct.pack(f"<{len(tail) + 1}Q", len(token_ids), *tail)
     digest = xxhash.xxh3_64_intdigest(data, seed or 0)
-    eos = config.eos_token_id
-    if config.emit_eos or not 0 <= eos < config.vocab_size:
+    if config.emit_eos:
         return digest % config.vocab_size
-    token_id = digest % (config.vocab_size - 1)
-    return token_id + 1 if token_id >= eos else token_id
+    excluded = _excluded_ids(config.eos_token_id, config.other_eos_token_ids, config.vocab_size)
+    token_id = digest % (config.vocab_size - len(excluded))
+    for eos in excluded:  # ascending: shift past each excluded id at or below the candidate
+        if token_id >= eos:
+            token_id += 1
+    return token_id
+
+
+@lru_cache(maxsize=8)
+def _excluded_ids(eos: int, others: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+    return tuple(sorted({t for t in (eos, *others) if 0 <= t < vocab_size}))
 
 
 @dataclass(slots=True)
