@@ -20,7 +20,6 @@ sys.path.insert(0, str(REPO))
 
 from bench.frontend import git_commit, graph_pids, machine  # noqa: E402
 from bench.loadgen import chat_request, run_load_sync  # noqa: E402
-from cli.launcher import free_port  # noqa: E402
 from tests.graph import start_graph, worker_stats  # noqa: E402
 
 

@@ -121,6 +121,27 @@ class Server:
         self._sock.close(linger=0)
 
 
+async def serve_requests(server: Server, handle: Callable[[bytes, Message], Message | None], name: str) -> None:
+    """Answer requests on ``server`` forever: ``handle`` returns the reply (or None). A message the handler
+    refuses (ProtocolError) is logged and dropped; one that crashes it gets an internal_error reply. Neither
+    takes the service down."""
+    while True:
+        identity, msg = await server.recv()
+        try:
+            reply = handle(identity, msg)
+        except ProtocolError as exc:
+            log.warning("dropped_message", service=name, reason=str(exc))
+            continue
+        except Exception as exc:
+            log.exception("handler_failed", service=name, message=type(msg).__name__)
+            request_id = getattr(msg, "request_id", None)
+            if request_id is None:
+                continue
+            reply = ErrorReply(request_id=request_id, code="internal_error", message=repr(exc))
+        if reply is not None:
+            server.send_nowait(identity, reply)
+
+
 class Client:
     """A DEALER socket connected to one server, with request/reply and streams matched by request_id.
 

@@ -39,7 +39,7 @@ from common.protocol import (
     TierStored,
     WorkerLoad,
 )
-from common.transport import Client, Server, TransportConfig, new_id
+from common.transport import Client, Server, TransportConfig, new_id, serve_requests
 from services.kvtier.metrics import KvTierMetrics
 from services.kvtier.pool import GIB, agent_name, make_nixl_agent
 from services.kvtier.store import BlockStore
@@ -142,21 +142,7 @@ class KvTierService:
 
     async def _serve(self) -> None:
         assert self._server is not None
-        while True:
-            identity, msg = await self._server.recv()
-            try:
-                reply = self.handle(msg)
-            except ProtocolError as exc:
-                log.warning("dropped_message", reason=str(exc))
-                continue
-            except Exception as exc:  # one bad message must not take kvtier down
-                log.exception("handler_failed", message=type(msg).__name__)
-                rid = getattr(msg, "request_id", None)
-                if rid is None:
-                    continue
-                reply = ErrorReply(request_id=rid, code="internal_error", message=repr(exc))
-            if reply is not None:
-                self._server.send_nowait(identity, reply)
+        await serve_requests(self._server, lambda _identity, msg: self.handle(msg), "kvtier")
 
     def handle(self, msg: Message) -> Message | None:
         store = self.store

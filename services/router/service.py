@@ -34,7 +34,7 @@ from common.protocol import (
     WorkerRef,
 )
 from common.security import secure_server
-from common.transport import Server, TransportConfig, new_id, open_context
+from common.transport import Server, TransportConfig, new_id, open_context, serve_requests
 from services.router.approx_index import ApproxIndex
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
@@ -105,21 +105,7 @@ class RouterService:
         if ready is not None:
             ready.set()
         try:
-            while True:
-                identity, msg = await self._server.recv()
-                try:
-                    reply = self.handle(identity, msg)
-                except ProtocolError as exc:
-                    log.warning("dropped_message", reason=str(exc))
-                    continue
-                except Exception as exc:  # one bad message must not take the router down
-                    log.exception("handler_failed", message=type(msg).__name__)
-                    rid = getattr(msg, "request_id", None)
-                    if rid is None:
-                        continue
-                    reply = ErrorReply(request_id=rid, code="internal_error", message=repr(exc))
-                if reply is not None:
-                    self._server.send_nowait(identity, reply)
+            await serve_requests(self._server, self.handle, "router")
         finally:
             reaper.cancel()
             events.cancel()
