@@ -6,7 +6,6 @@ import json
 import re
 from pathlib import Path
 
-
 from services.frontend.metrics import FrontendMetrics
 from services.kvtier.metrics import KvTierMetrics
 from services.router.metrics import RouterMetrics
