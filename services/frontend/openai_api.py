@@ -157,4 +157,6 @@ def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: in
     if not 0.0 < top_p <= 1.0:
         raise ApiError(400, "top_p must be in (0, 1]", param="top_p")
     return SamplingParams(max_tokens=max_tokens or default_max_tokens, temperature=temperature, top_p=top_p,
-                          seed=req.seed, ignore_eos=req.ignore_eos, stop_token_ids=eos_token_ids)
+                          seed=req.seed, ignore_eos=req.ignore_eos,
+                          # ignore_eos means no end token stops generation (vLLM would still honour stop ids).
+                          stop_token_ids=() if req.ignore_eos else eos_token_ids)

@@ -75,6 +75,9 @@ class VllmEngineConfig:
     engine_id: str = ""
     # Seconds a prefill engine keeps blocks for a decode engine that never pulls them.
     kv_lease_s: int = 30
+    # vLLM's NIXL agent has a UCX progress thread that nixl runs with zero delay: it busy-polls a whole core
+    # per engine. False (default) makes it sleep up to 1 ms between polls (services/worker/vllm_nixl.py).
+    nixl_progress_spin: bool = False
     # Publish vLLM's KV cache events, translated to our block hashes with this seed (DESIGN §3).
     kv_events: bool = True
     hash_seed: int = 0
@@ -196,6 +199,10 @@ class VllmEngine:
         }
         if self.config.kv_role is not None:
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
+            if not self.config.nixl_progress_spin:
+                from services.worker.vllm_nixl import QUALNAME as SLEEPING_PROGRESS_THREAD
+
+                kwargs["worker_extension_cls"] = SLEEPING_PROGRESS_THREAD
         if self.config.kv_events:
             from vllm.config import KVEventsConfig
 
@@ -249,7 +256,9 @@ class VllmEngine:
                     token_ids, skip_first = token_ids[1:], False
                 if not out.finished:
                     if token_ids:
-                        yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids))
+                        # Every output carries the prefix-cache hit: the frontend reads it off the first one.
+                        yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
+                                           num_cached_tokens=_cached_tokens(out, request))
                     continue
                 yield self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
         finally:
@@ -273,8 +282,7 @@ class VllmEngine:
             token_ids=token_ids,
             finish_reason=reason,
             num_prompt_tokens=num_prompt,
-            # vLLM counts pulled tokens as cached; for a pull we cannot split local hits out per request.
-            num_cached_tokens=0 if pulled else int(out.num_cached_tokens or 0),
+            num_cached_tokens=_cached_tokens(out, request),
             kv_transfer=kv_transfer,
             # Attributed by time window: a failure during this request's life marks it (conservative).
             transfer_failed=pulled and self._stats.num_transfer_failures > failures_before,
@@ -325,3 +333,9 @@ class VllmEngine:
         if self._llm is None:
             raise EngineError("VllmEngine.generate called before start() or after shutdown()")
         return self._llm
+
+
+def _cached_tokens(out: Any, request: EngineRequest) -> int:
+    """Prompt tokens vLLM took from its prefix cache. It counts pulled tokens as cached too, and for a pull the
+    local hits cannot be split out per request, so a decode request that pulled reports 0."""
+    return 0 if request.kv_transfer is not None else int(out.num_cached_tokens or 0)

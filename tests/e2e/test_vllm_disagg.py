@@ -47,6 +47,10 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     try:
         for n in LENGTHS:
             assert complete(agg, prompt(n, salt=n)) == pd[n], f"prompt of {n} tokens"
+        # vLLM's prefix cache, reported in usage: the 700-token prompt again reuses its 21 full blocks.
+        again = client(agg).completions.create(model=MODEL, prompt=prompt(700, salt=700), max_tokens=2,
+                                               temperature=0, extra_body={"ignore_eos": True})
+        assert again.usage.prompt_tokens_details.cached_tokens == 672
     finally:
         agg.stop()
     assert all(num == 16 for _, num in pd.values())
