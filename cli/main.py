@@ -145,6 +145,10 @@ def worker(
                 info.max_position_embeddings, 8192), max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(max_num_batched_tokens, 2048), kv_role=role, nixl_side_channel_port=nixl_port,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name))
+        if core is not None and core in os.sched_getaffinity(0):
+            # The whole process tree (vLLM's engine core and model processes are our children) stays on its
+            # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
+            os.sched_setaffinity(0, {core})
         _reexec_with_engine_env(engine_process_env(config, core))
         eng = VllmEngine(config)
     else:

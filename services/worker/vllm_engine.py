@@ -75,8 +75,8 @@ class VllmEngineConfig:
     engine_id: str = ""
     # Seconds a prefill engine keeps blocks for a decode engine that never pulls them.
     kv_lease_s: int = 30
-    # vLLM's NIXL agent has a UCX progress thread that nixl runs with zero delay: it busy-polls a whole core
-    # per engine. False (default) makes it sleep up to 1 ms between polls (services/worker/vllm_nixl.py).
+    # vLLM's NixlConnector on CPU re-pins the model thread to the last core, and its UCX progress thread
+    # busy-polls a whole core. False (default) undoes both in vLLM's worker process (services/worker/vllm_nixl.py).
     nixl_progress_spin: bool = False
     # Publish vLLM's KV cache events, translated to our block hashes with this seed (DESIGN §3).
     kv_events: bool = True
