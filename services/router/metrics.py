@@ -25,6 +25,11 @@ class RouterMetrics:
             "splitserve_router_best_overlap_blocks", "Overlap of the best worker, chosen or not (tier-weighted)",
             registry=r)
         self.events_applied = Counter("splitserve_router_kv_events_applied", "KV events applied", registry=r)
+        self.events_stale = Counter("splitserve_router_kv_events_stale",
+                                    "Workers that promised KV events and went silent while getting requests",
+                                    registry=r)
+        self.index_blocks = Gauge("splitserve_router_index_blocks", "Blocks in the prefix index (all workers)",
+                                  registry=r)
         self.event_gaps = Counter("splitserve_router_kv_event_gaps", "Event-number gaps (snapshot asked)",
                                   registry=r)
         self.registrations_refused = Counter("splitserve_router_registrations_refused",

@@ -14,7 +14,7 @@ from typing import Literal
 
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
-from services.router.index import NO_OVERLAP, TierOverlap
+from services.router.index import TierOverlap
 
 PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
 # lowest_cost / sampled: kv policy at temperature 0 / above 0; the others name their policy.

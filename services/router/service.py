@@ -36,6 +36,7 @@ from common.protocol import (
 from common.security import secure_server
 from common.transport import Server, TransportConfig, new_id, open_context, serve_requests
 from services.router.approx_index import ApproxIndex
+from services.router.event_watch import EventWatch
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
@@ -72,6 +73,7 @@ class RouterService:
         self.registry = Registry()
         self.index = PrefixIndex()
         self.approx = ApproxIndex(ttl_s=config.approx_ttl_s)
+        self.event_watch = EventWatch()
         self.pending = ApproxIndex(ttl_s=config.pending_ttl_s) if config.pending_ttl_s > 0 else None
         # Each worker's DEALER identity on our ROUTER socket, to ask it for a KV snapshot.
         self._identities: dict[str, bytes] = {}
@@ -150,6 +152,8 @@ class RouterService:
                 if self.pending is not None:
                     self.pending.remove_worker(info.worker_id)
                 self._identities[info.worker_id] = identity
+                if info.kv_events:
+                    self.event_watch.registered(info.worker_id, now_s)
                 log.info("worker_registered", worker_id=info.worker_id, role=info.role, model=info.model,
                          endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size)
                 return RegisterAck(request_id=rid, worker_id=info.worker_id,
@@ -186,6 +190,8 @@ class RouterService:
         except NoWorkerError as exc:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
         self.registry.note_routed(choice.decode_worker_id)
+        if hashes:
+            self.event_watch.routed(choice.decode_worker_id)
         self._note_approx(choice.decode_worker_id, hashes)
         prefill_ref = None
         if choice.prefill_worker_id is not None:
@@ -250,6 +256,7 @@ class RouterService:
         if identity is None or (self.registry.get(msg.worker_id) is None and msg.worker_id not in self._tiers):
             return  # a worker we dropped; it re-registers and republishes
         check = self.index.apply_events(msg)
+        self.event_watch.event(msg.worker_id, time.monotonic())
         self.metrics.events_applied.inc(len(msg.events))
         if check.needs_snapshot:
             log.warning("kv_event_gap", worker_id=msg.worker_id, expected=check.expected_event_id, got=msg.event_id)
@@ -263,6 +270,7 @@ class RouterService:
             log.warning("worker_dropped", worker_id=worker_id, reason=reason)
 
     def _forget(self, worker_id: str) -> None:
+        self.event_watch.forget(worker_id)
         self.index.remove_worker(worker_id)
         self.approx.remove_worker(worker_id)
         if self.pending is not None:
@@ -285,6 +293,11 @@ class RouterService:
         while True:
             await asyncio.sleep(interval_s)
             self.approx.expire()
+            self.metrics.index_blocks.set(self.index.num_blocks)
+            for worker_id in self.event_watch.newly_stale(time.monotonic()):
+                # Still routed by load, but its prefixes are invisible: say so, loudly.
+                log.error("kv_events_stale", worker_id=worker_id, stale_s=self.event_watch.stale_s)
+                self.metrics.events_stale.inc()
             if self.pending is not None:
                 self.pending.expire()
             self._expire_tiers(time.monotonic())

@@ -1,20 +1,29 @@
-"""Overload: past its in-flight cap the frontend answers 503 with Retry-After at once, and recovers."""
+"""A guarded frontend: an API key is required on /v1/*, and past its in-flight cap it answers 503 with
+Retry-After at once, then recovers."""
 
 from __future__ import annotations
 
 import httpx
+import openai
 
-from tests.e2e.test_openai_api import MODEL, client
+from tests.e2e.test_openai_api import MODEL
 from tests.graph import Graph, start_graph, wait_until
 
 
-def test_saturated_frontend_sheds_load_with_retry_after(tmp_path, monkeypatch) -> None:
+def test_api_key_and_load_shedding(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SPLITSERVE_MAX_INFLIGHT", "2")
+    monkeypatch.setenv("SPLITSERVE_API_KEY", "s3cret")
     graph: Graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "1", "--mock-speedup", "10",
                                "--no-kvtier")
     try:
-        body = {"model": MODEL, "prompt": "hold the line", "max_tokens": 2000, "stream": True, "ignore_eos": True}
         with httpx.Client(timeout=30) as http:
+            for headers in ({}, {"authorization": "Bearer wrong"}):
+                denied = http.post(graph.url + "/v1/completions", headers=headers,
+                                   json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+                assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+            assert http.get(graph.url + "/health").status_code == 200  # probes need no key
+        body = {"model": MODEL, "prompt": "hold the line", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        with httpx.Client(timeout=30, headers={"authorization": "Bearer s3cret"}) as http:
             with http.stream("POST", graph.url + "/v1/completions", json=body) as a, \
                     http.stream("POST", graph.url + "/v1/completions", json=body) as b:
                 assert a.status_code == b.status_code == 200
@@ -26,7 +35,8 @@ def test_saturated_frontend_sheds_load_with_retry_after(tmp_path, monkeypatch) -
                 assert shed.headers["retry-after"] == "1"
                 assert shed.json()["error"]["code"] == "overloaded"
         # Both streams were cut by the client: capacity comes back.
-        assert wait_until(lambda: client(graph).completions.create(
+        keyed = openai.OpenAI(base_url=graph.url + "/v1", api_key="s3cret", max_retries=0, timeout=30)
+        assert wait_until(lambda: keyed.completions.create(
             model=MODEL, prompt="x", max_tokens=1).usage.completion_tokens == 1, timeout_s=5)
     finally:
         graph.stop()
