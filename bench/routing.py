@@ -537,12 +537,17 @@ def workloads(args: argparse.Namespace) -> dict[str, Workload]:
         "vllm": Workload("vllm", engine="vllm", num_workers=2, num_prefixes=4, prefix_tokens=1000,
                          suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens, num_requests=120,
                          concurrency=4, policies=("kv", "round-robin")),
+        # KV pressure on real engines: 8 prefixes of 1,000 tokens (32 blocks each) against 160 blocks per
+        # worker (the least vLLM takes at max_model_len 4096 is 128): each worker holds ~4 of the 8.
+        "vllm-pressure": Workload("vllm-pressure", engine="vllm", num_workers=2, num_prefixes=8, prefix_tokens=1000,
+                                  suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens,
+                                  num_requests=160, concurrency=4, policies=("kv", "round-robin")),
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workloads", default="shared,zipf,multiturn", help="shared,zipf,multiturn,vllm")
+    ap.add_argument("--workloads", default="shared,zipf,multiturn", help="shared,zipf,multiturn,vllm,vllm-pressure")
     ap.add_argument("--policies", default="", help="override, e.g. kv,round-robin (default: per workload)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--speedup", type=float, default=1.0, help="mock timing divided by this")
