@@ -20,22 +20,29 @@ def agg2(tmp_path) -> Graph:
     graph.stop()
 
 
-def test_killed_worker_mid_stream_migrates_and_output_is_unchanged(agg2: Graph) -> None:
-    prompt = [200 + i for i in range(300)]
-    reference = client(agg2).completions.create(model=MODEL, prompt=prompt, max_tokens=400, seed=5,
-                                                extra_body={"ignore_eos": True})
+def stream_in_background(graph: Graph, prompt: list[int], max_tokens: int,
+                         seed: int) -> tuple[list[str], threading.Event, threading.Thread]:
+    """Stream a completion on a thread; returns the growing list of text chunks and an event set at the end."""
     chunks: list[str] = []
     done = threading.Event()
 
     def stream() -> None:
-        for ch in client(agg2).completions.create(model=MODEL, prompt=prompt, max_tokens=400, seed=5, stream=True,
-                                                  extra_body={"ignore_eos": True}):
+        for ch in client(graph).completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, seed=seed,
+                                                   stream=True, extra_body={"ignore_eos": True}):
             if ch.choices:
                 chunks.append(ch.choices[0].text)
         done.set()
 
     thread = threading.Thread(target=stream)
     thread.start()
+    return chunks, done, thread
+
+
+def test_killed_worker_mid_stream_migrates_and_output_is_unchanged(agg2: Graph) -> None:
+    prompt = [200 + i for i in range(300)]
+    reference = client(agg2).completions.create(model=MODEL, prompt=prompt, max_tokens=400, seed=5,
+                                                extra_body={"ignore_eos": True})
+    chunks, done, thread = stream_in_background(agg2, prompt, max_tokens=400, seed=5)
     assert wait_until(lambda: len(chunks) > 30, timeout_s=10)
     busy = [w for w, s in worker_stats(agg2.router).items() if s.load.num_running > 0]
     assert len(busy) == 1
@@ -60,18 +67,7 @@ def test_killed_router_streams_continue_and_service_recovers(pd: Graph) -> None:
     prompt = [300 + i for i in range(400)]
     reference = client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9,
                                               extra_body={"ignore_eos": True}).choices[0].text
-    chunks: list[str] = []
-    done = threading.Event()
-
-    def stream() -> None:
-        for ch in client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9, stream=True,
-                                                extra_body={"ignore_eos": True}):
-            if ch.choices:
-                chunks.append(ch.choices[0].text)
-        done.set()
-
-    thread = threading.Thread(target=stream)
-    thread.start()
+    chunks, done, thread = stream_in_background(pd, prompt, max_tokens=300, seed=9)
     assert wait_until(lambda: len(chunks) > 20, timeout_s=10)
     os.kill(child_pid(pd, "cli.main router"), signal.SIGKILL)
     assert done.wait(30)
