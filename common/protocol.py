@@ -299,6 +299,9 @@ class TierLookup(_Msg, frozen=True):
     request_id: str
     block_hashes: tuple[int, ...]
     max_blocks: int = 0
+    # False: a probe. The reply lists the held leading run (hash, checksum, size, tier) without bytes, counts
+    # no hits and refreshes no LRU entry (vLLM's scheduler asks this before it decides to load).
+    with_data: bool = True
 
 
 class TierBlocks(_Msg, frozen=True):

@@ -154,6 +154,16 @@ class TierIndex:
             self.counters.misses += 1
         return run
 
+    def peek(self, hashes: Sequence[int], max_blocks: int = 0) -> list[Entry]:
+        """The leading run ``lookup`` would return, without counting hits or touching the LRU order."""
+        run: list[Entry] = []
+        for block_hash in hashes:
+            entry = self._entries.get(block_hash)
+            if entry is None or (max_blocks and len(run) >= max_blocks):
+                break
+            run.append(entry)
+        return run
+
     def remove(self, block_hash: int) -> Entry | None:
         """Forget a block (its bytes failed their checksum); its slot is free again."""
         entry = self._entries.pop(block_hash, None)

@@ -32,6 +32,7 @@ from common.protocol import (
     RegisterAck,
     RegisterTier,
     StoredBlock,
+    TierBlock,
     TierBlocks,
     TierLookup,
     TierStats,
@@ -153,6 +154,10 @@ class KvTierService:
                 if rejected:
                     log.warning("blocks_rejected", worker_id=msg.worker_id, num_rejected=rejected)
                 return TierStored(request_id=rid, num_stored=stored, num_present=present, num_rejected=rejected)
+            case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks, with_data=False):
+                held = store.index.peek(hashes, max_blocks)
+                return TierBlocks(request_id=rid, blocks=tuple(
+                    TierBlock(block_hash=e.block_hash, checksum=e.checksum, size=e.size, tier=e.tier) for e in held))
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks):
                 cap = max(1, self.config.max_reply_bytes // store.block_bytes)
                 cap = min(cap, max_blocks) if max_blocks else cap

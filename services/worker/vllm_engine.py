@@ -81,6 +81,10 @@ class VllmEngineConfig:
     # Publish vLLM's KV cache events, translated to our block hashes with this seed (DESIGN §3).
     kv_events: bool = True
     hash_seed: int = 0
+    # kvtier's endpoint: our KV connector (vllm_tier_connector) onboards prefixes from it and writes prompt
+    # blocks through to it; alone for role "both", beside NixlConnector (MultiConnector) for prefill/decode.
+    kvtier_endpoint: str = ""
+    kvtier_write_through: bool = True
 
 
 def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:
@@ -197,8 +201,9 @@ class VllmEngine:
             "logits_processors": [QUALNAME],
             "disable_log_stats": True,
         }
-        if self.config.kv_role is not None:
+        if self.config.kv_role is not None or self.config.kvtier_endpoint:
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
+        if self.config.kv_role is not None:
             if not self.config.nixl_progress_spin:
                 from services.worker.vllm_nixl import QUALNAME as SLEEPING_PROGRESS_THREAD
 
@@ -222,17 +227,29 @@ class VllmEngine:
         return self._kv_events.snapshot() if self._kv_events is not None else ()
 
     def _kv_transfer_config(self) -> Any:
+        """NixlConnector (P/D), our kvtier connector, or both through vLLM's MultiConnector (NIXL first: a
+        decode request's pull wins over a tier hit). Aggregated workers with kvtier use ours alone."""
         from vllm.config import KVTransferConfig
 
-        extra: dict[str, Any] = {"kv_lease_duration": self.config.kv_lease_s}
-        return KVTransferConfig(
-            kv_connector="NixlConnector",
-            kv_role=_VLLM_KV_ROLES[self.config.kv_role or "both"],
-            kv_buffer_device="cuda" if _has_cuda() else "cpu",
-            kv_load_failure_policy="recompute",
-            engine_id=self.config.engine_id or None,
-            kv_connector_extra_config=extra,
-        )
+        from services.worker.vllm_tier_connector import CONNECTOR_NAME, MODULE_PATH
+
+        cfg = self.config
+        role = _VLLM_KV_ROLES[cfg.kv_role or "both"]
+        nixl = {"kv_connector": "NixlConnector", "kv_role": role,
+                "kv_buffer_device": "cuda" if _has_cuda() else "cpu",
+                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s}}
+        tier = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": MODULE_PATH, "kv_role": role,
+                "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
+                                              "worker_id": cfg.engine_id or "vllm",
+                                              "write_through": cfg.kvtier_write_through}}
+        if not cfg.kvtier_endpoint:
+            chosen = nixl
+        elif cfg.kv_role in (None, "both"):
+            chosen = tier
+        else:
+            chosen = {"kv_connector": "MultiConnector", "kv_role": role,
+                      "kv_connector_extra_config": {"connectors": [nixl, tier]}}
+        return KVTransferConfig(**chosen, kv_load_failure_policy="recompute", engine_id=cfg.engine_id or None)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         llm = self._require_started()
