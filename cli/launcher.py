@@ -72,14 +72,25 @@ def _die_with_parent() -> None:
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
-    # Slots sized for the mock engine's blocks (36,864 KV bytes per token); vLLM workers ignore kvtier for now.
     cmd = ["kvtier", "--endpoint", endpoint, "--router", router, "--host-cache-gb", str(spec.host_cache_gb),
-           "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(36864 * spec.block_size)]
+           "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(kvtier_block_bytes(spec))]
     if spec.disk_cache_dir is not None:
         cmd += ["--disk-cache-dir", str(spec.disk_cache_dir)]
     if spec.kvtier_metrics_port:
         cmd += ["--metrics-port", str(spec.kvtier_metrics_port)]
     return cmd
+
+
+def kvtier_block_bytes(spec: GraphSpec) -> int:
+    """kvtier's slot: one block of every layer's K and V. Mock: 36,864 KV bytes per token (its modelled ~100M
+    engine, bf16). vLLM: from the model's config, 2 bytes per element for 16-bit dtypes, else 4 (fp32)."""
+    if spec.engine == "mock":
+        return 36864 * spec.block_size
+    from common.tiny_model import validate_model_dir
+
+    info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
+    dtype = info.torch_dtype if spec.dtype == "auto" else spec.dtype
+    return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
 
 
 def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
@@ -115,12 +126,10 @@ def launch(spec: GraphSpec) -> int:
                 + (["--metrics-port", str(spec.router_metrics_port)] if spec.router_metrics_port else [])
                 + (["--prefill-weight", str(spec.router_prefill_weight)] if spec.router_prefill_weight is not None else [])
                 + (["--busy-threshold", str(spec.router_busy_threshold)] if spec.router_busy_threshold is not None else [])]
-    # vLLM workers reach kvtier only through a KV connector that does not exist yet: no idle process for them.
-    kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier and spec.engine == "mock" else ""
+    # One kvtier for every engine (vLLM workers reach it through our KV connector).
+    kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:
         commands.append(kvtier_command(spec, router, kvtier))
-    elif spec.kvtier:
-        log.warning("kvtier_not_started", engine=spec.engine, reason="the vLLM KV connector for kvtier is not built yet")
     commands += worker_commands(spec, model, router, kvtier)
     commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
                      "--port", str(spec.port)])

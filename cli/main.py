@@ -90,9 +90,11 @@ def worker(
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
     kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
-                               help="kvtier endpoint: offload evicted KV blocks there and onboard prefixes from it "
-                               "(mock engine; vLLM ignores it until our KV connector exists)"),
-    kvtier_write_through: bool = typer.Option(False, help="Offload blocks right after prefill, not only on eviction"),
+                               help="kvtier endpoint: offload KV blocks there and onboard prefixes from it "
+                               "(vLLM: through our KV connector, services/worker/vllm_tier_connector.py)"),
+    kvtier_write_through: Optional[bool] = typer.Option(
+        None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
+        "connector API does not expose evictions, so write-through is its only save path)"),
     dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
@@ -132,19 +134,17 @@ def worker(
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
-            tier_write_through=kvtier_write_through))
+            tier_write_through=bool(kvtier_write_through)))
     elif engine == "vllm":
         from services.worker.vllm_engine import VllmEngine, VllmEngineConfig, engine_process_env
 
-        if kvtier:
-            structlog.get_logger("cli").warning("kvtier_ignored", kvtier=kvtier,
-                                                reason="vLLM workers use kvtier once its KV connector exists")
-
         config = VllmEngineConfig(
             model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
-                info.max_position_embeddings, 8192), max_num_seqs=max_num_seqs,
+                info.max_position_embeddings, 8192, ((num_blocks or 8192) - 1) * block_size),  # vLLM keeps 1 null block
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(max_num_batched_tokens, 2048), kv_role=role, nixl_side_channel_port=nixl_port,
-            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name))
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
+            kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
         if core is not None and core in os.sched_getaffinity(0):
             # The whole process tree (vLLM's engine core and model processes are our children) stays on its
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
