@@ -113,3 +113,14 @@ def test_no_host_slots_stores_nothing() -> None:
     index = TierIndex(host_slots=0)
     assert index.store(1, 1, 1) == StorePlan(slot=None)
     assert len(index) == 0
+
+
+def test_peek_is_a_lookup_without_side_effects() -> None:
+    index = TierIndex(host_slots=4)
+    _store(index, 1, 2, 3)
+    assert [e.block_hash for e in index.peek([1, 2, 99, 3])] == [1, 2]
+    assert [e.block_hash for e in index.peek([1, 2, 3], max_blocks=2)] == [1, 2]
+    assert index.peek([99, 1]) == []
+    assert [index.get(h).hits for h in (1, 2, 3)] == [0, 0, 0]
+    assert index.hashes("host") == [1, 2, 3]
+    assert (index.counters.hits_host, index.counters.misses) == (0, 0)
