@@ -21,9 +21,24 @@ from pathlib import Path
 
 import structlog
 
+from cli.scaling import PoolMember, ScaleEvents, scale_actions
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_MODEL_DIR = Path("models/tiny")
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """`up --planner`: a planner process whose ScaleRequests this launcher carries out."""
+
+    slo: str  # ttft_ms=..,itl_ms=..
+    profile: Path | None = None
+    interval_s: float = 5.0
+    max_prefill: int = 4
+    max_decode: int = 4
+    max_workers: int = 8
+    decisions_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class GraphSpec:
     ready_timeout_s: float = 300.0
     # Crashed children are restarted; more crashes than this in a minute stop the whole graph.
     max_restarts_per_min: int = 5
+    planner: PlannerSpec | None = None  # None: fixed pools
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,7 +84,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    libc.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG: stop at once (SIGTERM would make a worker drain)
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -93,23 +109,49 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
     return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
 
 
+def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "") -> list[str]:
+    num_cores = os.cpu_count() or 1
+    cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
+           "--block-size", str(spec.block_size), "--worker-id", f"{role}-{index}",
+           "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
+           "--nixl-port", str(free_port()), "--core", str(index % num_cores)]
+    if spec.num_blocks is not None:
+        cmd += ["--num-blocks", str(spec.num_blocks)]
+    if spec.mock_profile is not None:
+        cmd += ["--mock-profile", str(spec.mock_profile)]
+    if kvtier:
+        cmd += ["--kvtier", kvtier]
+    return cmd
+
+
 def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
     roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
-    num_cores = os.cpu_count() or 1
-    cmds = []
-    for i, role in enumerate(roles):
-        cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
-               "--block-size", str(spec.block_size), "--worker-id", f"{role}-{i}",
-               "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
-               "--nixl-port", str(free_port()), "--core", str(i % num_cores)]
-        if spec.num_blocks is not None:
-            cmd += ["--num-blocks", str(spec.num_blocks)]
-        if spec.mock_profile is not None:
-            cmd += ["--mock-profile", str(spec.mock_profile)]
-        if kvtier:
-            cmd += ["--kvtier", kvtier]
-        cmds.append(cmd)
-    return cmds
+    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(roles)]
+
+
+def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
+    assert spec.planner is not None
+    p = spec.planner
+    cmd = ["planner", "--router", router, "--metrics-url", f"http://{spec.host}:{spec.port}/metrics",
+           "--events", events, "--slo", p.slo, "--interval-s", str(p.interval_s),
+           "--max-prefill", str(p.max_prefill), "--max-decode", str(p.max_decode),
+           "--max-workers", str(p.max_workers)]
+    if p.profile is not None:
+        cmd += ["--profile", str(p.profile)]
+    if p.decisions_path is not None:
+        cmd += ["--decisions", str(p.decisions_path)]
+    return cmd
+
+
+@dataclass
+class Child:
+    service: str
+    cmd: list[str]
+    proc: subprocess.Popen[bytes]
+    started_s: float
+    role: str = ""  # workers: prefill | decode | both
+    worker_id: str = ""
+    draining: bool = False
 
 
 def launch(spec: GraphSpec) -> int:
@@ -130,58 +172,99 @@ def launch(spec: GraphSpec) -> int:
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:
         commands.append(kvtier_command(spec, router, kvtier))
-    commands += worker_commands(spec, model, router, kvtier)
+    workers = worker_commands(spec, model, router, kvtier)
+    commands += workers
     commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
                      "--port", str(spec.port)])
+    planner_events = f"tcp://127.0.0.1:{free_port()}" if spec.planner is not None else ""
+    if planner_events:
+        commands.append(planner_command(spec, router, planner_events))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[Child] = []
     restarts: list[float] = []
     stopping = False
+    next_worker_index = len(workers)
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
-    def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(cmd: list[str]) -> Child:
         # Each service leads its own process group, so stopping it also stops what it started (vLLM's engine
         # core and worker processes), even if the service itself dies first.
-        return subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
                                 preexec_fn=_die_with_parent, start_new_session=True)
+        child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
+        if cmd[0] == "worker":
+            child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]
+        return child
+
+    def scale(pool: str, target: int) -> None:
+        nonlocal next_worker_index
+        role = "both" if spec.num_aggregated and pool == "decode" else pool
+        if spec.num_aggregated and pool == "prefill":
+            return  # an aggregated graph has no prefill pool
+        members = [PoolMember(c.worker_id, c.role, c.started_s, c.draining)  # type: ignore[arg-type]
+                   for c in children if c.role]
+        actions = scale_actions(members, role, target, spec.planner.max_workers if spec.planner else 0)  # type: ignore[arg-type]
+        for _ in range(actions.start):
+            child = spawn(worker_command(spec, model, router, role, next_worker_index, kvtier))
+            next_worker_index += 1
+            children.append(child)
+            log.info("worker_started", worker_id=child.worker_id, pid=child.proc.pid, target=target)
+        for child in children:
+            if child.worker_id in actions.drain:
+                child.draining = True
+                _signal_leader(child.proc, signal.SIGTERM)  # the worker drains, then exits 0
+                log.info("worker_draining", worker_id=child.worker_id, pid=child.proc.pid, target=target)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    events = ScaleEvents(planner_events) if planner_events else None
     try:
         children.extend(spawn(cmd) for cmd in commands)
         url = f"http://{spec.host}:{spec.port}"
         ready = False
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
-            for i, child in enumerate(children):
-                if child.poll() is None:
+            for i, child in enumerate(list(children)):
+                if child.proc.poll() is None:
+                    continue
+                if child.draining or (child.role and child.proc.returncode == 0):
+                    # Drained: on our request, or an operator's SIGTERM (a worker exits 0 only after draining).
+                    log.info("worker_drained", worker_id=child.worker_id, returncode=child.proc.returncode)
+                    _signal_group(child.proc, signal.SIGKILL)  # its engine processes, if any are left
+                    children.remove(child)
                     continue
                 # Like systemd's Restart=on-failure: bring a crashed service back, unless it keeps crashing.
                 now = time.monotonic()
                 restarts[:] = [t for t in restarts if now - t < 60.0] + [now]
-                log.error("child_exited", service=commands[i][0], args=" ".join(commands[i][1:6]),
-                          returncode=child.returncode, num_recent_restarts=len(restarts))
+                log.error("child_exited", service=child.service, args=" ".join(child.cmd[1:6]),
+                          returncode=child.proc.returncode, num_recent_restarts=len(restarts))
                 if not ready or len(restarts) > spec.max_restarts_per_min:
                     return 1
-                _signal_group(child, signal.SIGKILL)  # what the dead service left running (engine processes)
-                children[i] = spawn(commands[i])
+                _signal_group(child.proc, signal.SIGKILL)  # what the dead service left running (engine processes)
+                children[children.index(child)] = spawn(child.cmd)
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
-                             prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated)
+                             prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated,
+                             planner=spec.planner is not None)
                     print(f"splitserve is serving {url}/v1 (model {model.resolve().name!r}); Ctrl-C stops it",
                           flush=True)
                 elif time.monotonic() > deadline:
                     log.error("not_ready", timeout_s=spec.ready_timeout_s)
                     return 1
+            elif events is not None:
+                for pool, target in events.poll().items():
+                    scale(pool, target)
             time.sleep(0.2)
         return 0
     finally:
-        _stop_all(children)
+        if events is not None:
+            events.close()
+        _stop_all([c.proc for c in children])
 
 
 def _healthy(url: str, num_workers: int) -> bool:
@@ -194,9 +277,10 @@ def _healthy(url: str, num_workers: int) -> bool:
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
-    # Frontend first (stops taking requests), then workers, then the router.
+    # Frontend first (stops taking requests), then workers, then the router. SIGINT, not SIGTERM: a worker
+    # drains on SIGTERM (finishes its requests), and a graph being stopped has no one left to serve them to.
     for child in reversed(children):
-        _signal_group(child, signal.SIGTERM)
+        _signal_leader(child, signal.SIGINT)
     deadline = time.monotonic() + grace_s
     for child in reversed(children):
         try:
@@ -207,6 +291,13 @@ def _stop_all(children: list[subprocess.Popen[bytes]], grace_s: float = 15.0) ->
         _signal_group(child, signal.SIGKILL)
         child.wait()
     log.info("stopped", num_processes=len(children))
+
+
+def _signal_leader(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        child.send_signal(sig)
+    except ProcessLookupError:
+        pass
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -100,6 +100,7 @@ def worker(
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM: finish requests for at most this long, then exit"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -156,8 +157,9 @@ def worker(
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
-                                         transport=_transport(curve_dir), metrics_port=metrics_port), eng)
-    run_service(service.run)
+                                         transport=_transport(curve_dir), metrics_port=metrics_port,
+                                         drain_timeout_s=drain_timeout_s), eng)
+    run_service(service.run, on_term=service.drain)
 
 
 def _tier_client(endpoint: str, worker_id: str):
@@ -284,11 +286,19 @@ def up(
     router_metrics_port: int = typer.Option(0, help="Router's Prometheus port (0: none)"),
     router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)"),
     router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)"),
+    planner: bool = typer.Option(False, "--planner", help="Scale the prefill and decode pools live"),
+    planner_slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="The planner's SLOs (p90)"),
+    planner_profile: Optional[Path] = typer.Option(None, help="`splitserve profile` JSON: scale ahead of the SLO"),
+    planner_interval_s: float = typer.Option(5.0, help="Seconds between planner decisions"),
+    max_prefill: int = typer.Option(4, help="Planner: most prefill workers"),
+    max_decode: int = typer.Option(4, help="Planner: most decode workers"),
+    max_workers: int = typer.Option(0, help="Planner: most workers in all (0: vLLM one per core; mock max-prefill + max-decode)"),
+    planner_decisions: Optional[Path] = typer.Option(None, help="Planner: append each interval's decision (JSON lines)"),
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
     """Launch a whole local graph (router, workers, frontend) and stop it cleanly on Ctrl-C."""
-    from cli.launcher import GraphSpec, launch
+    from cli.launcher import GraphSpec, PlannerSpec, launch
 
     configure_logging(log_level, log_json, "up")
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
@@ -299,8 +309,100 @@ def up(
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port, router_port=router_port,
                      router_metrics_port=router_metrics_port, router_prefill_weight=router_prefill_weight,
                      router_busy_threshold=router_busy_threshold, log_level=log_level,
-                     log_json=log_json)
+                     log_json=log_json,
+                     planner=PlannerSpec(slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s,
+                                         max_prefill=max_prefill, max_decode=max_decode,
+                                         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm"
+                                                                   else max_prefill + max_decode),
+                                         decisions_path=planner_decisions) if planner else None)
     raise typer.Exit(launch(spec))
+
+
+@app.command("planner")
+def planner_cmd(
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    metrics_url: list[str] = typer.Option(["http://127.0.0.1:8000/metrics"], help="Frontend /metrics (repeatable)"),
+    events: str = typer.Option("tcp://127.0.0.1:5590", help="PUB socket for ScaleRequests (orchestrators subscribe)"),
+    slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="p90 targets: ttft_ms=..,itl_ms=.."),
+    profile_path: Optional[Path] = typer.Option(None, "--profile", help="`splitserve profile` JSON (model-based targets)"),
+    interval_s: float = typer.Option(5.0),
+    min_prefill: int = typer.Option(1),
+    max_prefill: int = typer.Option(4),
+    min_decode: int = typer.Option(1),
+    max_decode: int = typer.Option(4),
+    max_workers: int = typer.Option(8, help="Most prefill + decode workers"),
+    down_after_intervals: int = typer.Option(3, help="Quiet intervals in a row before a worker is drained"),
+    decisions: Optional[Path] = typer.Option(None, help="Append each interval's observation and decision (JSON lines)"),
+    curve_dir: Optional[Path] = CurveDir,
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Watch the graph's latency, queues and KV usage; publish how many prefill and decode workers it needs."""
+    from services.planner.plan import Slo
+    from services.planner.policy import PlannerConfig
+    from services.planner.service import PlannerService, PlannerServiceConfig
+
+    configure_logging(log_level, log_json, "planner")
+    try:
+        slo_parsed = Slo.parse(slo)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    timing, options = None, None
+    if profile_path is not None:
+        from services.planner.plan import options_from_profile
+        from services.planner.profile import load_profile, timing_fields
+        from services.worker.mock.timing import TimingModel
+
+        try:
+            doc = load_profile(profile_path)
+            timing, options = TimingModel.from_profile(timing_fields(doc)), options_from_profile(doc)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            typer.echo(f"error: --profile {profile_path}: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    policy = PlannerConfig(slo=slo_parsed, min_prefill=min_prefill, max_prefill=max_prefill, min_decode=min_decode,
+                           max_decode=max_decode, max_workers=max_workers, down_after_intervals=down_after_intervals)
+    config = PlannerServiceConfig(router_endpoint=router_endpoint, metrics_urls=tuple(metrics_url), policy=policy,
+                                  events_endpoint=events, interval_s=interval_s, timing=timing,
+                                  decisions_path=decisions, transport=_transport(curve_dir),
+                                  **({"plan_options": options} if options is not None else {}))
+    run_service(PlannerService(config).run)
+
+
+@app.command("planner-events")
+def planner_events(
+    events: str = typer.Option("tcp://127.0.0.1:5590", help="The planner's PUB socket"),
+    count: int = typer.Option(0, help="Exit after this many (0: never)"),
+) -> None:
+    """Print the planner's ScaleRequests as JSON lines, for an orchestrator script (systemd, kubectl)."""
+    import json
+
+    import zmq
+
+    from common.errors import ProtocolError
+    from common.protocol import ScaleRequest, decode
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(events)
+    try:
+        seen = 0
+        while count == 0 or seen < count:
+            try:
+                msg = decode(sub.recv())
+            except ProtocolError as exc:
+                typer.echo(f"dropped: {exc}", err=True)
+                continue
+            if isinstance(msg, ScaleRequest):
+                typer.echo(json.dumps({"pool": msg.pool, "current": msg.current, "target": msg.target,
+                                       "reason": msg.reason, "seq": msg.seq, "time_s": msg.time_s}))
+                seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+        ctx.term()
 
 
 @keys_app.command("make")

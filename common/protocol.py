@@ -95,6 +95,8 @@ class Heartbeat(_Msg, frozen=True):
     load: WorkerLoad
     # Heartbeats are numbered so the router can tell a restarted worker from a late packet.
     seq: int = 0
+    # The worker is draining (SIGTERM or a scale-down): route nothing new to it; it exits once idle.
+    draining: bool = False
 
 
 class Unregister(_Msg, frozen=True):
@@ -133,6 +135,8 @@ class WorkerList(_Msg, frozen=True):
     request_id: str
     workers: tuple[WorkerInfo, ...]
     loads: tuple[WorkerLoad, ...]
+    # Ids of listed workers that are draining: they finish what they hold and take nothing new.
+    draining: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------- frontend <-> worker
@@ -337,6 +341,26 @@ class TierStats(_Msg, frozen=True):
     nixl: bool = False
 
 
+# ------------------------------------------------------------------------------ planner -> orchestrators (PUB)
+
+
+class ScaleRequest(_Msg, frozen=True):
+    """The planner wants ``pool`` to have ``target`` workers (published; any orchestrator may act on it).
+
+    Idempotent: the latest request per pool wins, so an orchestrator that missed some only acts on the last.
+    Scale-down means drain: SIGTERM a worker of that pool (it finishes its requests, then exits).
+    """
+
+    seq: int
+    pool: Role
+    current: int
+    target: int
+    # Why, as data: {"signal": "ttft_p90_ms", "observed": 812.0, "limit": 500.0, ...} rendered to text.
+    reason: str = ""
+    # Seconds since the epoch when decided (orchestrators ignore stale requests after a restart).
+    time_s: float = 0.0
+
+
 # --------------------------------------------------------------------------------------------------- errors
 
 
@@ -369,6 +393,7 @@ Message = Union[
     TierLookup,
     TierBlocks,
     TierStats,
+    ScaleRequest,
     ErrorReply,
 ]
 

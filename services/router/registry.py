@@ -24,6 +24,8 @@ class WorkerEntry:
     # Requests routed here since the worker's last load report. Reports lag by up to one heartbeat, and a
     # burst would otherwise all land on the worker that looked idlest; the next report replaces the guess.
     num_routed_since_report: int = 0
+    # Draining workers get no new routes; they stay listed until they unregister or go silent.
+    draining: bool = False
 
 
 class Registry:
@@ -53,12 +55,13 @@ class Registry:
     def unregister(self, worker_id: str) -> bool:
         return self._workers.pop(worker_id, None) is not None
 
-    def report(self, worker_id: str, load: WorkerLoad, now_s: float) -> bool:
+    def report(self, worker_id: str, load: WorkerLoad, now_s: float, draining: bool = False) -> bool:
         """Record a heartbeat; False when the worker is unknown (it must register again)."""
         entry = self._workers.get(worker_id)
         if entry is None:
             return False
-        self._workers[worker_id] = replace(entry, load=load, last_seen_s=now_s, num_routed_since_report=0)
+        self._workers[worker_id] = replace(entry, load=load, last_seen_s=now_s, num_routed_since_report=0,
+                                           draining=draining)
         return True
 
     def note_routed(self, worker_id: str) -> None:

@@ -133,10 +133,14 @@ class RouterService:
                 log.info("tier_registered", tier_id=tier_id, endpoint=msg.endpoint, block_bytes=msg.block_bytes,
                          nixl_agent=msg.nixl_agent)
                 return RegisterAck(request_id=rid, worker_id=tier_id, events_endpoint=self.events_endpoint)
-            case Heartbeat(worker_id=worker_id, load=load):
-                if not self.registry.report(worker_id, load, now_s):
+            case Heartbeat(worker_id=worker_id, load=load, draining=draining):
+                was_draining = (entry := self.registry.get(worker_id)) is not None and entry.draining
+                if not self.registry.report(worker_id, load, now_s, draining):
                     # A router that restarted does not know the worker: ask it to register again.
                     return ErrorReply(request_id=f"hb-{worker_id}", code="not_registered", message=worker_id)
+                if draining and not was_draining:
+                    log.info("worker_draining", worker_id=worker_id, num_running=load.num_running,
+                             num_waiting=load.num_waiting)
                 self.metrics.observe_load(worker_id, load)
                 return None
             case RegisterWorker(request_id=rid, info=info):
@@ -164,7 +168,8 @@ class RouterService:
             case ListWorkers(request_id=rid):
                 entries = self.registry.workers()
                 return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
-                                  loads=tuple(e.load for e in entries))
+                                  loads=tuple(e.load for e in entries),
+                                  draining=tuple(e.info.worker_id for e in entries if e.draining))
             case KvSnapshot():
                 if self.index.load_snapshot(msg.worker_id, msg).needs_snapshot:
                     return KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id)
@@ -206,7 +211,7 @@ class RouterService:
         return [
             Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e))
             for e in self.registry.workers(model, roles)
-            if e.info.worker_id not in exclude
+            if e.info.worker_id not in exclude and not e.draining
         ]
 
     def _ref(self, worker_id: str) -> WorkerRef:

@@ -2,11 +2,18 @@
 
 Frontends send ``Generate``/``Abort``/``GetStats``; the worker streams ``Tokens`` back to the sender. It
 registers with the router, heartbeats its load and re-registers when a restarted router does not know it.
+
+Draining (``drain()``, SIGTERM from the CLI): heartbeats say so, the router routes nothing new here, and the
+worker keeps serving whatever still arrives (routes handed out just before the router knew) until it has been
+idle for ``drain_quiet_s``, then exits. Past ``drain_timeout_s`` it exits anyway: the frontend migrates what
+is left. A prefill worker also waits ``drain_transfer_grace_s`` after its last prefill, the time a decode
+worker has to pull that KV (a pull that still fails is recomputed, not lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import structlog
@@ -55,6 +62,9 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.25
     register_timeout_s: float = 2.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    drain_timeout_s: float = 30.0
+    drain_quiet_s: float = 0.5
+    drain_transfer_grace_s: float = 2.0
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -67,6 +77,10 @@ class WorkerService:
         self._router: Client | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._must_register = asyncio.Event()
+        self._draining = False
+        self._heartbeat_seq = 0
+        self._drained = asyncio.Event()
+        self._last_arrival_s = 0.0  # monotonic
         # Engines with a prefix cache that reports its changes publish KV events; others don't.
         self._events = (KvEventPublisher(config.worker_id, engine)  # type: ignore[arg-type]
                         if hasattr(engine, "drain_kv_events") else None)
@@ -94,7 +108,13 @@ class WorkerService:
                      endpoint=self.endpoint, num_blocks=self.engine.num_blocks)
             if ready is not None:
                 ready.set()
-            await self._serve()
+            serve = loop.create_task(self._serve())
+            background.append(serve)
+            drained = loop.create_task(self._drained.wait())
+            background.append(drained)
+            await asyncio.wait({serve, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if serve.done():
+                serve.result()  # the serving loop's failure is ours
         finally:
             for task in [*background, *self._tasks.values()]:
                 task.cancel()
@@ -109,6 +129,39 @@ class WorkerService:
             self._server.close()
             secure.close()
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> None:
+        """Stop taking new work, finish what is here, then return from ``run()``. Idempotent."""
+        if self._draining:
+            return
+        self._draining = True
+        load = self.engine.load()
+        log.info("drain_started", worker_id=self.config.worker_id, num_requests=len(self._tasks),
+                 num_running=load.num_running, num_waiting=load.num_waiting, timeout_s=self.config.drain_timeout_s)
+        self._send_heartbeat()  # tell the router now, not at the next beat
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        cfg = self.config
+        start_s = time.monotonic()
+        # The router learns we drain from a heartbeat; until a beat after that, it may still route here.
+        await asyncio.sleep(2 * cfg.heartbeat_interval_s)
+        quiet_s = cfg.drain_quiet_s + (cfg.drain_transfer_grace_s if cfg.role == "prefill" else 0.0)
+        while time.monotonic() - start_s < cfg.drain_timeout_s:
+            load = self.engine.load()
+            idle = not self._tasks and load.num_running == 0 and load.num_waiting == 0
+            if idle and time.monotonic() - self._last_arrival_s >= quiet_s:
+                log.info("drained", worker_id=cfg.worker_id, drain_s=round(time.monotonic() - start_s, 3))
+                break
+            await asyncio.sleep(0.05)
+        else:
+            log.warning("drain_timeout", worker_id=cfg.worker_id, num_requests=len(self._tasks),
+                        timeout_s=cfg.drain_timeout_s)
+        self._drained.set()
+
     async def _serve(self) -> None:
         assert self._server is not None
         while True:
@@ -122,6 +175,7 @@ class WorkerService:
         assert self._server is not None
         match msg:
             case Generate(request_id=rid):
+                self._last_arrival_s = time.monotonic()
                 if rid in self._tasks:
                     self._server.send_nowait(identity, ErrorReply(request_id=rid, code="duplicate_request",
                                                                   message=f"request {rid} is already running"))
@@ -219,16 +273,20 @@ class WorkerService:
 
     async def _heartbeat_loop(self) -> None:
         assert self._router is not None
-        seq = 0
         while True:
             if self._must_register.is_set():
                 log.warning("router_forgot_us", worker_id=self.config.worker_id)
                 await self._register()
-            seq += 1
-            load = self.engine.load()
-            self._refresh_counters(load)
-            try:
-                self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=load, seq=seq))
-            except zmq.Again:  # router unreachable and our queue full: the next beat will do
-                pass
+            self._send_heartbeat()
             await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    def _send_heartbeat(self) -> None:
+        assert self._router is not None
+        self._heartbeat_seq += 1
+        load = self.engine.load()
+        self._refresh_counters(load)
+        try:
+            self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=load,
+                                               seq=self._heartbeat_seq, draining=self._draining))
+        except zmq.Again:  # router unreachable and our queue full: the next beat will do
+            pass

@@ -1,0 +1,78 @@
+"""How the local launcher answers a ``ScaleRequest``: which worker processes to start or drain.
+
+Pure, so it is table-tested: the launcher owns processes, this decides. A target counts workers that serve
+or are starting; draining ones are on their way out and never count. Scale-down drains the youngest
+workers first (their caches are the coldest), one SIGTERM each: the worker finishes what it holds, then exits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+import zmq
+
+from common.errors import ProtocolError
+from common.protocol import Role, ScaleRequest, decode
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMember:
+    name: str  # worker id
+    role: Role
+    started_s: float  # monotonic, when its process started
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleActions:
+    start: int = 0  # new workers of the pool's role
+    drain: tuple[str, ...] = ()  # worker ids to SIGTERM
+
+
+def scale_actions(members: Sequence[PoolMember], role: Role, target: int, max_total: int) -> ScaleActions:
+    """Make ``role``'s live workers ``target`` (never above ``max_total`` live workers in all pools)."""
+    live = [m for m in members if m.role == role and not m.draining]
+    total_live = sum(1 for m in members if not m.draining)
+    if target > len(live):
+        return ScaleActions(start=max(0, min(target - len(live), max_total - total_live)))
+    if target < len(live):
+        youngest = sorted(live, key=lambda m: m.started_s, reverse=True)
+        return ScaleActions(drain=tuple(m.name for m in youngest[: len(live) - target]))
+    return ScaleActions()
+
+
+class ScaleEvents:
+    """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(endpoint)
+
+    def poll(self) -> dict[str, int]:
+        latest: dict[str, int] = {}
+        while True:
+            try:
+                data = self._sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return latest
+            try:
+                msg = decode(data)
+            except ProtocolError as exc:
+                log.warning("dropped_message", reason=str(exc))
+                continue
+            match msg:
+                case ScaleRequest(pool=pool, target=target):
+                    latest[pool] = target
+                case _:
+                    log.warning("dropped_message", reason=f"launcher does not handle {type(msg).__name__}")
+
+    def close(self) -> None:
+        self._sub.close()
+        self._ctx.term()

@@ -1,0 +1,128 @@
+"""What the live planner sees: frontend ``/metrics`` scraped each interval, and the router's worker list.
+
+Frontends already export everything a planner needs as Prometheus counters and histograms, so the planner
+reads the same numbers a Grafana dashboard shows, from any number of frontends (summed), and an operator
+can check its inputs. One interval = the difference of two scrapes. Pure functions on parsed text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.protocol import WorkerList
+from services.planner.policy import Observation
+
+_TTFT = "splitserve_frontend_ttft_seconds"
+_ITL = "splitserve_frontend_itl_seconds"
+_E2E = "splitserve_frontend_request_seconds"
+_PROMPT = "splitserve_frontend_prompt_tokens"
+_OUTPUT = "splitserve_frontend_output_tokens"
+_INFLIGHT = "splitserve_frontend_inflight_requests"
+
+Buckets = tuple[tuple[float, float], ...]  # (upper bound s, cumulative count), ascending, last = +Inf
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSnapshot:
+    """Cumulative values of one scrape (several frontends: summed)."""
+
+    ttft: Buckets
+    itl: Buckets
+    num_finished: float
+    prompt_tokens: float
+    output_tokens: float
+    inflight: float
+
+
+def parse_metrics(text: str) -> FrontendSnapshot:
+    buckets: dict[str, dict[float, float]] = {_TTFT: {}, _ITL: {}}
+    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith("_bucket") and name[: -len("_bucket")] in buckets:
+                le = float(sample.labels["le"])
+                hist = buckets[name[: -len("_bucket")]]
+                hist[le] = hist.get(le, 0.0) + sample.value
+            elif name == _E2E + "_count":
+                values[_E2E] += sample.value
+            elif name in (_PROMPT + "_total", _OUTPUT + "_total", _INFLIGHT):
+                values[name.removesuffix("_total")] += sample.value
+    return FrontendSnapshot(
+        ttft=tuple(sorted(buckets[_TTFT].items())), itl=tuple(sorted(buckets[_ITL].items())),
+        num_finished=values[_E2E], prompt_tokens=values[_PROMPT], output_tokens=values[_OUTPUT],
+        inflight=values[_INFLIGHT])
+
+
+def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
+    snaps = list(snapshots)
+
+    def add(hists: Sequence[Buckets]) -> Buckets:
+        total: dict[float, float] = {}
+        for hist in hists:
+            for le, count in hist:
+                total[le] = total.get(le, 0.0) + count
+        return tuple(sorted(total.items()))
+
+    return FrontendSnapshot(ttft=add([s.ttft for s in snaps]), itl=add([s.itl for s in snaps]),
+                            num_finished=sum(s.num_finished for s in snaps),
+                            prompt_tokens=sum(s.prompt_tokens for s in snaps),
+                            output_tokens=sum(s.output_tokens for s in snaps), inflight=sum(s.inflight for s in snaps))
+
+
+def bucket_delta(now: Buckets, before: Buckets) -> Buckets:
+    prev = dict(before)
+    return tuple((le, count - prev.get(le, 0.0)) for le, count in now)
+
+
+def quantile(buckets: Buckets, q: float) -> float | None:
+    """Prometheus ``histogram_quantile``: linear inside the bucket holding rank ``q``; None if empty.
+
+    A rank in the +Inf bucket answers the largest finite bound (the histogram knows no more).
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower_le
+            if count == lower_count:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
+        lower_le, lower_count = le, count
+    return lower_le
+
+
+def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, workers: WorkerList) -> Observation:
+    finished = now.num_finished - before.num_finished
+    ttft_p90 = quantile(bucket_delta(now.ttft, before.ttft), 0.9)
+    itl_p90 = quantile(bucket_delta(now.itl, before.itl), 0.9)
+    draining = set(workers.draining)
+    prefill = [load for info, load in zip(workers.workers, workers.loads)
+               if info.role == "prefill" and info.worker_id not in draining]
+    decode = [load for info, load in zip(workers.workers, workers.loads)
+              if info.role in ("decode", "both") and info.worker_id not in draining]
+
+    def mean(xs: Sequence[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    return Observation(
+        duration_s=duration_s, num_finished=int(finished),
+        # Arrivals = finished + growth of what is in flight.
+        arrival_rate_rps=max(0.0, finished + now.inflight - before.inflight) / duration_s if duration_s > 0 else 0.0,
+        isl_mean=(now.prompt_tokens - before.prompt_tokens) / finished if finished > 0 else None,
+        osl_mean=(now.output_tokens - before.output_tokens) / finished if finished > 0 else None,
+        ttft_p90_ms=None if ttft_p90 is None else ttft_p90 * 1e3,
+        itl_p90_ms=None if itl_p90 is None else itl_p90 * 1e3,
+        num_prefill=len(prefill), num_decode=len(decode),
+        prefill_waiting=mean([load.num_waiting for load in prefill]),
+        decode_waiting=mean([load.num_waiting for load in decode]),
+        decode_kv_usage=mean([1 - load.num_free_blocks / load.num_total_blocks
+                              for load in decode if load.num_total_blocks]),
+    )

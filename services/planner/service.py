@@ -1,0 +1,168 @@
+"""The live planner process: every ``interval_s`` observe, decide, publish ``ScaleRequest``s.
+
+It acts on nothing itself. Orchestrators subscribe to its PUB socket and make the pools match: the local
+launcher (``splitserve up --planner``) starts and drains worker processes; a Kubernetes operator or a systemd
+script can do the same from ``splitserve planner-events`` (JSON lines). Requests are published every interval,
+changed or not, so a subscriber that joins late or misses one catches up with the next.
+
+Workers take time to start (vLLM: tens of seconds) and to drain. While a pool has not reached the last
+target (``pending``), the planner neither adds more on top for the same shortage nor scales it down: it holds
+that target until the pool gets there or ``pending_timeout_s`` passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import structlog
+import zmq
+
+from common.errors import RemoteError, TransportTimeout
+from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
+from common.transport import Client, TransportConfig, new_id, open_context
+from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
+from services.planner.plan import PlanOptions, Workload, plan_disaggregated
+from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
+from services.worker.mock.timing import TimingModel
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannerServiceConfig:
+    router_endpoint: str
+    metrics_urls: tuple[str, ...]  # frontends' /metrics
+    policy: PlannerConfig
+    events_endpoint: str = "tcp://127.0.0.1:0"  # PUB, bound here
+    interval_s: float = 5.0
+    pending_timeout_s: float = 120.0
+    # Profile-based targets (None: reactive only).
+    timing: TimingModel | None = None
+    plan_options: PlanOptions = field(default_factory=PlanOptions)
+    decisions_path: Path | None = None  # JSON lines: one observation + decision per interval
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    target: int
+    since_s: float  # monotonic
+
+
+def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, options: PlanOptions) -> ModelTarget | None:
+    """The profile's answer for the observed workload, or None when the interval says too little."""
+    if obs.isl_mean is None or obs.osl_mean is None or obs.arrival_rate_rps <= 0:
+        return None
+    workload = Workload.of(max(1, round(obs.isl_mean)), max(1, round(obs.osl_mean)), rate=obs.arrival_rate_rps)
+    disagg = plan_disaggregated(timing, workload, config.slo, obs.arrival_rate_rps, options)
+    if not disagg.feasible or disagg.prefill is None or disagg.decode is None:
+        return None
+    return ModelTarget(num_prefill=disagg.prefill.workers, num_decode=disagg.decode.workers)
+
+
+def hold_pending(decision: PoolDecision, pending: Pending | None, now_s: float, timeout_s: float) -> PoolDecision:
+    """While a pool is on its way to an earlier target, keep that target (growth above it still counts)."""
+    if pending is None or now_s - pending.since_s > timeout_s or pending.target == decision.current:
+        return decision
+    if decision.target > pending.target and decision.target > decision.current:
+        return decision
+    return replace(decision, target=pending.target, reasons=("pending",))
+
+
+class PlannerService:
+    def __init__(self, config: PlannerServiceConfig) -> None:
+        self.config = config
+        self.events_endpoint = ""
+        self._state = PlannerState()
+        self._pending: dict[Role, Pending | None] = {"prefill": None, "decode": None}
+        self._seq = 0
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        secure = open_context(self.config.transport)
+        pub = secure.ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        router = Client(secure.ctx, self.config.router_endpoint, self.config.transport)
+        decisions = self.config.decisions_path.open("a") if self.config.decisions_path else None
+        try:
+            pub.bind(self.config.events_endpoint)
+            self.events_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            log.info("planner_ready", events=self.events_endpoint, interval_s=self.config.interval_s,
+                     slo=asdict(self.config.policy.slo), model=self.config.timing is not None)
+            if ready is not None:
+                ready.set()
+            before: FrontendSnapshot | None = None
+            before_s = time.monotonic()
+            while True:
+                try:
+                    now = await self._scrape()
+                    workers = await router.request(ListWorkers(request_id=new_id("plan")), timeout_s=2.0)
+                except (OSError, ValueError, TransportTimeout, RemoteError) as exc:
+                    # A frontend or router starting or restarting: no interval this time, the next one spans it.
+                    log.warning("planner_observe_failed", error=str(exc))
+                    await asyncio.sleep(self.config.interval_s)
+                    continue
+                assert isinstance(workers, WorkerList)
+                now_s = time.monotonic()
+                if before is None:  # the first scrape is the baseline
+                    before, before_s = now, now_s
+                    await asyncio.sleep(self.config.interval_s)
+                    continue
+                obs = observe(before, now, now_s - before_s, workers)
+                before, before_s = now, now_s
+                record = self.step(obs, now_s)
+                for msg in record["requests"]:
+                    await pub.send(encode(msg))
+                if decisions is not None:
+                    decisions.write(json.dumps({**record, "requests": [asdict_request(m) for m in record["requests"]]})
+                                    + "\n")
+                    decisions.flush()
+                await asyncio.sleep(self.config.interval_s)
+        finally:
+            if decisions is not None:
+                decisions.close()
+            await router.close()
+            pub.close()
+            secure.close()
+
+    def step(self, obs: Observation, now_s: float) -> dict:
+        """One decision from one observation (the loop's body, without I/O)."""
+        cfg = self.config
+        model = model_target(cfg.timing, obs, cfg.policy, cfg.plan_options) if cfg.timing is not None else None
+        decision = decide(obs, self._state, cfg.policy, model)
+        self._state = decision.state
+        requests = []
+        for pool_decision in (decision.prefill, decision.decode):
+            pool = pool_decision.pool
+            final = hold_pending(pool_decision, self._pending[pool], now_s, cfg.pending_timeout_s)
+            if final.target != final.current:
+                pending = self._pending[pool]
+                if pending is None or pending.target != final.target:
+                    self._pending[pool] = Pending(final.target, now_s)
+                    log.info("scale", pool=pool, current=final.current, target=final.target,
+                             reasons=",".join(final.reasons), ttft_p90_ms=obs.ttft_p90_ms, itl_p90_ms=obs.itl_p90_ms,
+                             rate_rps=round(obs.arrival_rate_rps, 2), isl=obs.isl_mean, osl=obs.osl_mean)
+            else:
+                self._pending[pool] = None
+            self._seq += 1
+            requests.append(ScaleRequest(seq=self._seq, pool=pool, current=final.current, target=final.target,
+                                         reason=",".join(final.reasons), time_s=time.time()))
+        return {"time_s": time.time(), "observation": asdict(obs),
+                "model": asdict(model) if model is not None else None, "requests": requests}
+
+    async def _scrape(self) -> FrontendSnapshot:
+        texts = await asyncio.gather(*(asyncio.to_thread(_get, url) for url in self.config.metrics_urls))
+        return merge(parse_metrics(t) for t in texts)
+
+
+def asdict_request(msg: ScaleRequest) -> dict:
+    return {"pool": msg.pool, "current": msg.current, "target": msg.target, "reason": msg.reason}
+
+
+def _get(url: str, timeout_s: float = 2.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (operator-given URL)
+        return resp.read().decode()
