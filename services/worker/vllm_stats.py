@@ -62,6 +62,9 @@ class EngineStatsSink:
     def _record_connector(self, data: dict[str, Any]) -> None:
         # NixlKVConnectorStats.data: lists with one entry per successful READ (durations in s) and one
         # entry per failure event. Other connectors use other keys; missing keys count as nothing.
+        for value in data.values():
+            if isinstance(value, dict):  # MultiConnector (NIXL + kvtier): each child's stats under its name
+                self._record_connector(value)
         durations = data.get("transfer_duration", [])
         self.num_transfers += len(durations)
         self.transfer_seconds.extend(float(d) for d in durations)
