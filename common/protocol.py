@@ -269,13 +269,15 @@ class RegisterTier(_Msg, frozen=True):
 
 
 class TierBlock(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
-    """One block's bytes (inline for now) with their xxh3_64 checksum; ``size`` = len(data)."""
+    """One block's bytes (inline) with their xxh3_64 checksum; ``size`` = len(data). In a probe reply, or a NIXL
+    lookup's host blocks, ``data`` is empty: ``slot`` (>= 0) says which host-pool slot to READ."""
 
     block_hash: int
     checksum: int
     size: int
     tier: Tier = "host"
     data: bytes = b""
+    slot: int = -1
 
 
 class TierStore(_Msg, frozen=True):
@@ -306,6 +308,9 @@ class TierLookup(_Msg, frozen=True):
     # False: a probe. The reply lists the held leading run (hash, checksum, size, tier) without bytes, counts
     # no hits and refreshes no LRU entry (vLLM's scheduler asks this before it decides to load).
     with_data: bool = True
+    # True: host-tier blocks come back as pool slots (``TierBlock.slot``) for the worker to READ with NIXL, not
+    # as bytes; disk-tier blocks still come inline. Checksums come either way: the worker verifies after READ.
+    host_slots: bool = False
 
 
 class TierBlocks(_Msg, frozen=True):
@@ -339,6 +344,11 @@ class TierStats(_Msg, frozen=True):
     # "nixl" or "os" (plain pread/pwrite) for the disk tier; "" when there is no disk tier.
     disk_io: str = ""
     nixl: bool = False
+    # For NIXL READs of the host pool (when ``nixl``): the agent's name and metadata (for add_remote_agent), and
+    # the pool's base address; slot i is [pool_addr + i * block_bytes, + block_bytes).
+    nixl_agent: str = ""
+    nixl_metadata: bytes = b""
+    pool_addr: int = 0
 
 
 # ------------------------------------------------------------------------------ planner -> orchestrators (PUB)

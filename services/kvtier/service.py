@@ -91,6 +91,7 @@ class KvTierService:
         self._next_event_id = 0
         self._must_register = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
+        self._nixl_metadata = b""
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         cfg = self.config
@@ -158,6 +159,9 @@ class KvTierService:
                 held = store.index.peek(hashes, max_blocks)
                 return TierBlocks(request_id=rid, blocks=tuple(
                     TierBlock(block_hash=e.block_hash, checksum=e.checksum, size=e.size, tier=e.tier) for e in held))
+            case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks, host_slots=True):
+                blocks, truncated = store.lookup_slots(hashes, max_blocks, self.config.max_reply_bytes)
+                return TierBlocks(request_id=rid, blocks=tuple(blocks), truncated=truncated)
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks):
                 cap = max(1, self.config.max_reply_bytes // store.block_bytes)
                 cap = min(cap, max_blocks) if max_blocks else cap
@@ -181,7 +185,17 @@ class KvTierService:
             bytes_in=store.bytes_in, bytes_out=store.bytes_out, evictions_host=c.evictions_host,
             evictions_disk=c.evictions_disk, demotions=c.demotions,
             checksum_failures=store.num_checksum_failures,
-            disk_io=store.disk.io_mode if store.disk else "", nixl=store.pool.registered)
+            disk_io=store.disk.io_mode if store.disk else "", nixl=store.pool.registered,
+            **self._nixl_info())
+
+    def _nixl_info(self) -> dict[str, object]:
+        """What a worker needs to READ the host pool with NIXL (empty until the pool is registered)."""
+        pool = self.store.pool if self.store is not None else None
+        if pool is None or not pool.registered or pool.nixl is None:
+            return {}
+        if not self._nixl_metadata:
+            self._nixl_metadata = pool.nixl.agent.get_agent_metadata()  # type: ignore[attr-defined]
+        return {"nixl_agent": pool.nixl.name, "nixl_metadata": self._nixl_metadata, "pool_addr": pool.base_addr}
 
     # ------------------------------------------------------------------------------------------- router
 
@@ -248,7 +262,15 @@ class KvTierService:
     async def _events_loop(self) -> None:
         while True:
             self.flush_events()
+            self._drain_nixl_notifs()
             await asyncio.sleep(self.config.events_interval_s)
+
+    def _drain_nixl_notifs(self) -> None:
+        """Workers READ the pool without notifications, but a target that leaves any undrained can hang its
+        initiators (DESIGN §5): drain whatever arrives."""
+        pool = self.store.pool if self.store is not None else None
+        if pool is not None and pool.registered and pool.nixl is not None:
+            pool.nixl.agent.get_new_notifs()  # type: ignore[attr-defined]
 
     def _snapshot(self, request_id: str) -> KvSnapshot:
         assert self.store is not None

@@ -91,20 +91,57 @@ class BlockStore:
                 assert self.disk is not None
                 data = self.disk.read(entry.slot, entry.size)
             if checksum(data) != entry.checksum:
-                log.error("checksum_mismatch", block_hash=entry.block_hash, tier=entry.tier, slot=entry.slot)
-                self.num_checksum_failures += 1
-                self.metrics.checksum_failures.labels(tier=entry.tier).inc()
-                self.index.remove(entry.block_hash)
+                self._checksum_failed(entry)
                 break
             out.append(self.transfer.outgoing(entry.block_hash, entry.checksum, entry.tier, data))
-        self.bytes_out += sum(b.size for b in out)
+        self._count(before, sum(b.size for b in out))
+        return out
+
+    def lookup_slots(self, hashes: Sequence[int], max_blocks: int = 0,
+                     max_inline_bytes: int = 0) -> tuple[list[TierBlock], bool]:
+        """Like ``lookup``, but host blocks come back as their pool slots (the worker READs them with NIXL and
+        checks their checksums itself); disk blocks come inline, at most ``max_inline_bytes`` of them (0: no
+        cap). Returns (blocks, truncated: stopped at a cap, not at the end of the run)."""
+        run = self.index.peek(hashes, max_blocks)
+        num, inline = 0, 0
+        for entry in run:
+            if entry.tier == "disk":
+                if max_inline_bytes and num and inline + entry.size > max_inline_bytes:
+                    break
+                inline += entry.size
+            num += 1
+        truncated = num < len(run) or (bool(max_blocks) and num == max_blocks and len(hashes) > num)
+        before = (self.index.counters.hits_host, self.index.counters.hits_disk, self.index.counters.misses)
+        out: list[TierBlock] = []
+        for entry in self.index.lookup(hashes, num):  # num is 0 only when nothing is held: counts the miss
+            if entry.tier == "host":
+                out.append(TierBlock(block_hash=entry.block_hash, checksum=entry.checksum, size=entry.size,
+                                     tier="host", slot=entry.slot))
+                continue
+            assert self.disk is not None
+            data = self.disk.read(entry.slot, entry.size)
+            if checksum(data) != entry.checksum:
+                self._checksum_failed(entry)
+                truncated = False
+                break
+            out.append(self.transfer.outgoing(entry.block_hash, entry.checksum, entry.tier, data))
+        self._count(before, sum(b.size for b in out))
+        return out, truncated
+
+    def _checksum_failed(self, entry) -> None:
+        log.error("checksum_mismatch", block_hash=entry.block_hash, tier=entry.tier, slot=entry.slot)
+        self.num_checksum_failures += 1
+        self.metrics.checksum_failures.labels(tier=entry.tier).inc()
+        self.index.remove(entry.block_hash)
+
+    def _count(self, before: tuple[int, int, int], num_bytes: int) -> None:
+        self.bytes_out += num_bytes
         c = self.index.counters
         self.metrics.hits.labels(tier="host").inc(c.hits_host - before[0])
         self.metrics.hits.labels(tier="disk").inc(c.hits_disk - before[1])
         self.metrics.misses.inc(c.misses - before[2])
-        self.metrics.bytes_out.inc(sum(b.size for b in out))
+        self.metrics.bytes_out.inc(num_bytes)
         self._observe()
-        return out
 
     def _observe(self) -> None:
         m, c = self.metrics, self.index.counters

@@ -23,7 +23,17 @@ import zmq
 
 from common import protocol
 from common.errors import RemoteError, TransportTimeout
-from common.protocol import ErrorReply, Message, TierBlocks, TierLookup, TierStore, TierStored
+from common.protocol import (
+    ErrorReply,
+    GetStats,
+    Message,
+    TierBlock,
+    TierBlocks,
+    TierLookup,
+    TierStats,
+    TierStore,
+    TierStored,
+)
 from common.transport import new_id
 from services.kvtier.transfer import InlineTransfer, checksum
 from services.worker.tier_client import TierClientConfig
@@ -105,6 +115,50 @@ class SyncTierClient:
             self._failed("fetch", exc)  # blocks already verified stay good
         self.num_fetched += len(out)
         return out
+
+    def lookup_slots(self, block_hashes: Sequence[int], block_bytes: int, timeout_s: float) -> list[TierBlock]:
+        """The leading run for a NIXL load: host blocks as pool slots (checksums to verify after the READ),
+        disk blocks inline (verified here). Fewer on any failure."""
+        if not block_hashes or self._is_down():
+            return []
+        out: list[TierBlock] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(out) < len(block_hashes):
+                rest = tuple(block_hashes[len(out):])
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise TransportTimeout("lookup deadline")
+                reply = self._request_main(TierLookup(request_id=new_id("tn"), block_hashes=rest, host_slots=True),
+                                           remaining_s)
+                if not isinstance(reply, TierBlocks):
+                    break
+                good = 0
+                for expected, block in zip(rest, reply.blocks):
+                    inline_ok = (block.slot >= 0 and not block.data) or (
+                        len(block.data) == block_bytes and checksum(block.data) == block.checksum)
+                    if block.block_hash != expected or block.size != block_bytes or not inline_ok:
+                        self.num_bad_blocks += 1
+                        log.warning("tier_block_rejected", block_hash=block.block_hash, size=block.size)
+                        break
+                    out.append(block)
+                    good += 1
+                if good < len(reply.blocks) or not reply.truncated or not reply.blocks:
+                    break
+        except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
+            self._failed("lookup", exc)
+        self.num_fetched += len(out)
+        return out
+
+    def stats(self, timeout_s: float = 1.0) -> TierStats | None:
+        if self._is_down():
+            return None
+        try:
+            reply = self._request_main(GetStats(request_id=new_id("tg")), timeout_s)
+        except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
+            self._failed("stats", exc)
+            return None
+        return reply if isinstance(reply, TierStats) else None
 
     # -------------------------------------------------------------------------------------------- stores
 

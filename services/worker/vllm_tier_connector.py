@@ -17,10 +17,14 @@ copies them into the KV cache. Blocks that do not arrive intact are reported by
 of them, so a bad or missing block costs time, never a wrong token. ``wait_for_save`` packs the blocks to write
 through (one copy, while they are still this request's) and queues them for a background thread.
 
-Data path: inline bytes in ZeroMQ messages (``services.kvtier.transfer.InlineTransfer``), both ways.
+Data path. Load: ``transfer="nixl"`` (default) READs host-pool blocks straight into the KV cache with NIXL
+(``tier_nixl``; the lookup answers slots and checksums, verified after the READ) and takes disk blocks inline;
+``"inline"``, or no NIXL on either side (kvtier registers its pool seconds after it starts), moves every block as
+bytes in ZeroMQ messages. Save: always inline bytes (``TierStore``).
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
-``write_through`` (default true), ``lookup_timeout_s`` (probe, default 0.1), ``fetch_timeout_s`` (default 5).
+``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
+``fetch_timeout_s`` (default 5).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from common.hashing import block_hashes
 from services.worker.kv_layout import KvLayout
 from services.worker.tier_client import TierClientConfig
 from services.worker.tier_plan import BlockPlan, RequestState, load_plan, max_loadable_blocks, save_plan
+from services.worker.tier_nixl import NixlOnboarder
 from services.worker.tier_sync_client import SyncTierClient
 
 if TYPE_CHECKING:
@@ -75,6 +80,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self.hash_seed = int(extra.get("hash_seed", 0))
         self.write_through = bool(extra.get("write_through", True))
         self.fetch_timeout_s = float(extra.get("fetch_timeout_s", 5.0))
+        self.transfer = str(extra.get("transfer", "nixl"))
+        self.worker_id = str(extra.get("worker_id", "vllm"))
         self.client = SyncTierClient(TierClientConfig(
             endpoint=str(extra["kvtier_endpoint"]), worker_id=str(extra.get("worker_id", "vllm")),
             lookup_timeout_s=float(extra.get("lookup_timeout_s", 0.1)),
@@ -84,6 +91,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         # Worker side.
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layout: KvLayout | None = None
+        self._nixl: NixlOnboarder | None = None
+        self._nixl_checked_s = -1e9  # last time kvtier was asked for its NIXL pool
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # loads that failed this step: their computed blocks are suspect
         self.num_loaded_blocks = 0
@@ -162,9 +171,14 @@ class SplitserveTierConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._layout = KvLayout.from_kv_caches(kv_caches, self._num_blocks)
-        log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()], num_layers=len(self._layout.layer_names), num_blocks=self._num_blocks,
-                 block_bytes=self._layout.block_bytes, endpoint=self.client.config.endpoint,
-                 write_through=self.write_through)
+        if self.transfer == "nixl":
+            try:
+                self._nixl = NixlOnboarder(self._layout, self.worker_id)
+            except Exception as exc:  # registration refused: inline bytes only
+                log.warning("kvtier_nixl_unavailable", error=repr(exc))
+        log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()],
+                 num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes, endpoint=self.client.config.endpoint,
+                 write_through=self.write_through, transfer="nixl" if self._nixl and self._nixl.usable else "inline")
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -174,26 +188,71 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             self._load(plan)
 
     def _load(self, plan: BlockPlan) -> None:
-        layout = self._layout
         began = time.perf_counter()
-        got: list[bytes] = []
-        if layout is not None:
-            got = self.client.fetch(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
-        if got:
-            assert layout is not None
-            data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
-            layout.unpack(plan.block_ids[:len(got)], data)
-            self.num_loaded_blocks += len(got)
-        missing = plan.block_ids[len(got):]
-        if missing:
+        via = "nixl" if self._nixl_ready() else "inline"
+        num_ok = self._load_nixl(plan) if via == "nixl" else self._load_inline(plan)
+        self.num_loaded_blocks += num_ok
+        missing = plan.block_ids[num_ok:]
+        if missing:  # vLLM recomputes from the first of these on
             self._load_errors.update(missing)
             self._failed_reqs.add(plan.req_id)
             self.num_load_errors += len(missing)
             log.warning("kvtier_load_incomplete", req_id=plan.req_id, num_planned=len(plan.block_ids),
-                        num_loaded=len(got))
-        log.info("kvtier_loaded", req_id=plan.req_id, num_blocks=len(got),
-                 num_bytes=len(got) * (layout.block_bytes if layout else 0),
-                 ms=round((time.perf_counter() - began) * 1e3, 2))
+                        num_loaded=num_ok)
+        block_bytes = self._layout.block_bytes if self._layout else 0
+        seconds = time.perf_counter() - began
+        log.info("kvtier_loaded", req_id=plan.req_id, via=via, num_blocks=num_ok, num_bytes=num_ok * block_bytes,
+                 ms=round(seconds * 1e3, 2), gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3))
+
+    def _load_inline(self, plan: BlockPlan) -> int:
+        layout = self._layout
+        if layout is None:
+            return 0
+        got = self.client.fetch(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
+        if got:
+            data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
+            layout.unpack(plan.block_ids[:len(got)], data)
+        return len(got)
+
+    def _load_nixl(self, plan: BlockPlan) -> int:
+        """Host blocks by NIXL READ, disk blocks inline; the leading run whose checksums hold."""
+        layout, nixl = self._layout, self._nixl
+        assert layout is not None and nixl is not None
+        blocks = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
+        pairs = [(bid, b.slot) for bid, b in zip(plan.block_ids, blocks) if b.slot >= 0]
+        read_ok = True
+        if pairs:
+            try:
+                nixl.read([bid for bid, _ in pairs], [slot for _, slot in pairs])
+            except Exception as exc:  # kvtier gone or restarted: inline until it offers its pool again
+                log.warning("kvtier_nixl_read_failed", error=repr(exc), num_blocks=len(pairs))
+                nixl.disconnect()
+                read_ok = False
+        inline = [(bid, b.data) for bid, b in zip(plan.block_ids, blocks) if b.slot < 0]
+        if inline:
+            data = torch.frombuffer(bytearray(b"".join(d for _, d in inline)), dtype=torch.uint8)
+            layout.unpack([bid for bid, _ in inline], data.view(len(inline), layout.block_bytes))
+        for i, (bid, block) in enumerate(zip(plan.block_ids, blocks)):
+            if block.slot >= 0 and not (read_ok and nixl.checksum(bid) == block.checksum):
+                log.warning("kvtier_block_bad_after_read", block_hash=block.block_hash, slot=block.slot)
+                return i
+        return len(blocks)
+
+    def _nixl_ready(self) -> bool:
+        """NIXL READs possible: our agent works and kvtier's pool is known (asked again every 2 s until it is)."""
+        nixl = self._nixl
+        if nixl is None or not nixl.usable:
+            return False
+        if not nixl.connected and time.monotonic() - self._nixl_checked_s > 2.0:
+            self._nixl_checked_s = time.monotonic()
+            stats = self.client.stats()
+            try:
+                if stats is not None:
+                    nixl.connect(stats)
+            except Exception as exc:  # a peer NIXL cannot reach: inline bytes still work
+                log.warning("kvtier_nixl_connect_failed", error=repr(exc))
+                nixl.disconnect()
+        return nixl.connected
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the forward
@@ -218,4 +277,6 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        if self._nixl is not None:
+            self._nixl.close()
         self.client.close()

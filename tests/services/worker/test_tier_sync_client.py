@@ -16,10 +16,10 @@ from services.worker.tier_sync_client import SyncTierClient
 BLOCK_BYTES = 1024
 
 
-@pytest.fixture()
-def kvtier():
-    service = KvTierService(KvTierConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", host_bytes=64 * BLOCK_BYTES,
-                                         block_bytes=BLOCK_BYTES, nixl=False))
+def kvtier_service(block_bytes: int = BLOCK_BYTES, nixl: bool = False):
+    """A kvtier with 64 host slots, served from its own thread and event loop (the clients under test block)."""
+    service = KvTierService(KvTierConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", host_bytes=64 * block_bytes,
+                                         block_bytes=block_bytes, nixl=nixl))
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -41,6 +41,11 @@ def kvtier():
     loop.call_soon_threadsafe(tasks[0].cancel)
     thread.join(5)
     loop.close()
+
+
+@pytest.fixture()
+def kvtier():
+    yield from kvtier_service()
 
 
 def _client(endpoint: str, **kw) -> SyncTierClient:
