@@ -54,6 +54,9 @@ class NixlOnboarder:
             row, slab = part.stride(0) * part.element_size(), part[0].numel() * part.element_size()
             descs += [(part.data_ptr() + b * row, slab, 0) for b in range(layout.num_blocks)]
         self._local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", descs, "DRAM")  # type: ignore[attr-defined]
+        # uint8 numpy views [num_blocks, slab bytes] of each part, made once: slicing a row per block costs
+        # ~0.2 us where a torch view + .numpy() costs ~8 us (744 slabs for 2,000 tokens of a 12-layer model).
+        self._rows = [_byte_rows(part) for part in layout.parts]
 
     @property
     def usable(self) -> bool:
@@ -109,8 +112,8 @@ class NixlOnboarder:
     def checksum(self, block_id: int) -> int:
         """xxh3_64 of block ``block_id`` as packed (its slabs in packing order), read in place."""
         h = xxhash.xxh3_64()
-        for part in self.layout.parts:
-            h.update(part[block_id].reshape(-1).view(torch.uint8).numpy())
+        for rows in self._rows:
+            h.update(rows[block_id])
         return h.intdigest()
 
     def disconnect(self) -> None:
@@ -139,3 +142,10 @@ class NixlOnboarder:
         for reg in self._regs:
             agent.deregister_memory(reg)  # type: ignore[attr-defined]
         self._regs = []
+
+
+def _byte_rows(part: torch.Tensor):
+    """``part`` as a uint8 numpy array [num_blocks, slab bytes] sharing its memory (each slab is contiguous,
+    ``KvLayout`` checks it; rows are ``part.stride(0)`` elements apart)."""
+    whole = torch.as_strided(part, (part.shape[0], part[0].numel()), (part.stride(0), 1))
+    return whole.view(torch.uint8).numpy()

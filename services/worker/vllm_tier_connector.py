@@ -93,6 +93,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self._layout: KvLayout | None = None
         self._nixl: NixlOnboarder | None = None
         self._nixl_checked_s = -1e9  # last time kvtier was asked for its NIXL pool
+        self._phases: dict[str, float] = {}
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # loads that failed this step: their computed blocks are suspect
         self.num_loaded_blocks = 0
@@ -202,7 +203,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         block_bytes = self._layout.block_bytes if self._layout else 0
         seconds = time.perf_counter() - began
         log.info("kvtier_loaded", req_id=plan.req_id, via=via, num_blocks=num_ok, num_bytes=num_ok * block_bytes,
-                 ms=round(seconds * 1e3, 2), gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3))
+                 ms=round(seconds * 1e3, 3), gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3),
+                 **self._phases)
+        self._phases = {}
 
     def _load_inline(self, plan: BlockPlan) -> int:
         layout = self._layout
@@ -218,9 +221,11 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         """Host blocks by NIXL READ, disk blocks inline; the leading run whose checksums hold."""
         layout, nixl = self._layout, self._nixl
         assert layout is not None and nixl is not None
+        t0 = time.perf_counter()
         blocks = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
         pairs = [(bid, b.slot) for bid, b in zip(plan.block_ids, blocks) if b.slot >= 0]
         read_ok = True
+        t1 = time.perf_counter()
         if pairs:
             try:
                 nixl.read([bid for bid, _ in pairs], [slot for _, slot in pairs])
@@ -228,15 +233,21 @@ class SplitserveTierConnector(KVConnectorBase_V1):
                 log.warning("kvtier_nixl_read_failed", error=repr(exc), num_blocks=len(pairs))
                 nixl.disconnect()
                 read_ok = False
+        t2 = time.perf_counter()
         inline = [(bid, b.data) for bid, b in zip(plan.block_ids, blocks) if b.slot < 0]
         if inline:
             data = torch.frombuffer(bytearray(b"".join(d for _, d in inline)), dtype=torch.uint8)
             layout.unpack([bid for bid, _ in inline], data.view(len(inline), layout.block_bytes))
+        num_ok = len(blocks)
         for i, (bid, block) in enumerate(zip(plan.block_ids, blocks)):
             if block.slot >= 0 and not (read_ok and nixl.checksum(bid) == block.checksum):
                 log.warning("kvtier_block_bad_after_read", block_hash=block.block_hash, slot=block.slot)
-                return i
-        return len(blocks)
+                num_ok = i
+                break
+        # ms per phase, and how many blocks were READ (the rest came inline from disk), for the load's log line.
+        self._phases = {"lookup_ms": round((t1 - t0) * 1e3, 3), "read_ms": round((t2 - t1) * 1e3, 3),
+                        "verify_ms": round((time.perf_counter() - t2) * 1e3, 3), "num_read": len(pairs)}
+        return num_ok
 
     def _nixl_ready(self) -> bool:
         """NIXL READs possible: our agent works and kvtier's pool is known (asked again every 2 s until it is)."""

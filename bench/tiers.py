@@ -1,0 +1,252 @@
+"""TTFT of a long prompt onboarded from kvtier's host pool and from its disk tier vs recomputed, on a real vLLM
+worker, and onboarding bandwidth vs raw NIXL READ (bench/nixl_read.py) on the same KV shape.
+
+One aggregated vLLM worker (pinned to core 0 by `splitserve up`) with 64 usable KV blocks: a 2,040-token filler
+evicts everything else from its engine. kvtier's host pool holds 126 blocks (two prompts), its disk tier the rest.
+A round, on fresh token ids each time (no cross-round hits):
+
+    P (recomputed)  F1 (recomputed, evicts P)  P (host)  F2  F3 (recomputed; P moves host -> disk)  P (disk)
+
+so the variants interleave (A B A B, DESIGN §7); fillers are reported apart (another ISL). Each P request's
+tier hits are checked against kvtier's counters (``valid`` in the samples). Onboarding GB/s comes from the
+connector's own log line per load (lookup + NIXL READ + checksum of every block; ``read_gbps``: the READ alone).
+
+    python bench/tiers.py [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000] [--rounds 5]
+        [--out bench/results/tiers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.lib.report import git_info, machine, now_iso  # noqa: E402
+from cli.launcher import GraphSpec, free_port, kvtier_block_bytes  # noqa: E402
+
+GIB = 1024**3
+BLOCK = 32
+NUM_BLOCKS = 65  # 64 usable (vLLM keeps one null block): max_model_len 2,048
+FILLER_TOKENS = 2040  # + 1 generated = 64 blocks: evicts the whole engine cache
+HOST_SLOTS = 126
+_KV = re.compile(r"(\w+)=(\S+)")
+
+
+class Graph:
+    def __init__(self, args: argparse.Namespace, block_bytes: int, disk_dir: Path, log_path: Path) -> None:
+        self.port, self.router_port = free_port(), free_port()
+        self.log_path = log_path
+        host_gb = (HOST_SLOTS + 0.5) * block_bytes / GIB  # +0.5: float rounding never loses a slot
+        disk_gb = (args.rounds + 2) * 64 * block_bytes / GIB
+        self.cmd = [sys.executable, "-m", "cli.main", "up", "--engine", "vllm", "--model", str(args.model),
+                    "--dtype", args.dtype, "--aggregated", "1", "--num-blocks", str(NUM_BLOCKS),
+                    "--port", str(self.port), "--router-port", str(self.router_port),
+                    "--host-cache-gb", repr(host_gb), "--disk-cache-gb", repr(disk_gb),
+                    "--disk-cache-dir", str(disk_dir)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+        while "splitserve is serving" not in self.log_path.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
+                self.stop()
+                raise RuntimeError(f"graph did not come up; see {self.log_path}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # the launcher stops every process group it started
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kvtier_endpoint(self) -> str:
+        for entry in Path("/proc").iterdir():
+            try:
+                args = (entry / "cmdline").read_bytes().decode().split("\0")
+            except (OSError, ValueError):
+                continue
+            if "kvtier" in args and f"tcp://127.0.0.1:{self.router_port}" in args:
+                return args[args.index("--endpoint") + 1]
+        raise LookupError("kvtier process not found")
+
+
+def tier_stats(endpoint: str) -> Any:
+    import zmq.asyncio
+
+    from common.protocol import GetStats
+    from common.transport import Client, new_id
+
+    async def ask() -> Any:
+        ctx = zmq.asyncio.Context()
+        client = Client(ctx, endpoint)
+        try:
+            return await client.request(GetStats(request_id=new_id("b")), 5.0)
+        finally:
+            await client.close()
+            ctx.term()
+
+    return asyncio.run(ask())
+
+
+def ttft(port: int, model: str, prompt: list[int]) -> tuple[float, int]:
+    """(seconds to the first streamed token, cached prompt tokens reported in usage)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
+    t0 = time.perf_counter()
+    first, cached = None, -1
+    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+        if first is None and chunk.choices and chunk.choices[0].text is not None:
+            first = time.perf_counter() - t0
+        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
+            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
+    return (first if first is not None else time.perf_counter() - t0), cached
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    qs = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
+    return {"n": len(values), "median": round(statistics.median(values), 3), "p10": round(qs[0], 3),
+            "p90": round(qs[-1], 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def loads_from_log(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        if "kvtier_loaded" in line:
+            fields = dict(_KV.findall(line))
+            out.append({k: (v if k in ("via", "req_id") else float(v)) for k, v in fields.items()})
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spec = GraphSpec(model=args.model, engine="vllm", dtype=args.dtype, block_size=BLOCK)
+    block_bytes = kvtier_block_bytes(spec)
+    num_blocks_p = (args.prompt_tokens - 1) // BLOCK
+    work = Path(tempfile.mkdtemp(prefix="bench-tiers-"))
+    graph = Graph(args, block_bytes, work / "disk", work / "graph.log")
+    model = args.model.resolve().name
+    seed = [0]
+
+    def prompt(n: int) -> list[int]:
+        seed[0] += 1
+        return [(7919 * seed[0] + 104729 * i) % 7900 + 100 for i in range(n)]
+
+    # recompute: P itself fresh (same ISL as host/disk); filler: the 2,040-token fillers, also recomputed.
+    samples: dict[str, list[dict[str, Any]]] = {"recompute": [], "host": [], "disk": [], "filler": []}
+    load_before = os.getloadavg()
+    graph.start()
+    try:
+        endpoint = graph.kvtier_endpoint()
+        time.sleep(3)  # kvtier registers its pool with NIXL seconds after it starts
+        for _ in range(2):  # warm-up: first requests pay one-off costs
+            ttft(graph.port, model, prompt(args.prompt_tokens))
+
+        def timed(kind: str, tokens: list[int], hits_key: str = "") -> None:
+            before = tier_stats(endpoint)
+            seconds, cached = ttft(graph.port, model, tokens)
+            after = tier_stats(endpoint)
+            hits = getattr(after, hits_key) - getattr(before, hits_key) if hits_key else 0
+            valid = (cached == num_blocks_p * BLOCK and hits == num_blocks_p) if hits_key else cached == 0
+            samples[kind].append({"ttft_ms": round(seconds * 1e3, 2), "cached_tokens": cached, "tier_hits": hits,
+                                  "valid": valid})
+            time.sleep(0.3)  # let the write-through land before the next request moves blocks around
+
+        for _ in range(args.rounds):
+            p = prompt(args.prompt_tokens)
+            timed("recompute", p)
+            timed("filler", prompt(FILLER_TOKENS))
+            timed("host", p, "hits_host")
+            timed("filler", prompt(FILLER_TOKENS))
+            timed("filler", prompt(FILLER_TOKENS))
+            timed("disk", p, "hits_disk")
+        stats = tier_stats(endpoint)
+    finally:
+        graph.stop()
+    loads = loads_from_log(graph.log_path.read_text(errors="replace"))
+    host_loads = [x for x in loads if x.get("via") == "nixl" and x.get("num_read") == x.get("num_blocks") > 0]
+    raw = None
+    if not args.skip_raw:
+        from bench.nixl_read import run as raw_read
+
+        raw = raw_read(args.model, args.dtype, args.prompt_tokens, BLOCK, repeats=30)
+    ttfts = {k: _summary([s["ttft_ms"] for s in v if s["valid"]]) for k, v in samples.items()}
+    load_gbps = _summary([x["gbps"] for x in host_loads])
+    read_gbps = _summary([x["num_read"] * block_bytes / (x["read_ms"] / 1e3) / 1e9 for x in host_loads
+                          if x.get("read_ms")])
+    raw_gbps = raw["scattered"]["gbps_median"] if raw else None
+    doc = {
+        "ttft_ms": ttfts,
+        "ttft_ratio_vs_recompute": {k: round(ttfts[k]["median"] / ttfts["recompute"]["median"], 3)
+                                    for k in ("host", "disk") if ttfts[k]["n"] and ttfts["recompute"]["n"]},
+        "onboarding_host": {"load_gbps": load_gbps, "read_gbps": read_gbps, "raw_nixl_read_gbps": raw_gbps,
+                            "load_vs_raw": round(load_gbps["median"] / raw_gbps, 3) if raw_gbps and host_loads else None,
+                            "read_vs_raw": round(read_gbps["median"] / raw_gbps, 3) if raw_gbps and host_loads else None,
+                            "loads": host_loads},
+        "samples": samples,
+        "tier_stats": {k: getattr(stats, k) for k in ("host_slots", "disk_slots", "hits_host", "hits_disk",
+                                                       "demotions", "checksum_failures", "disk_io", "nixl")},
+        "raw_nixl_read": raw,
+        "conditions": {
+            "model": str(args.model), "dtype": args.dtype, "isl": args.prompt_tokens, "osl": 1,
+            "filler_tokens": FILLER_TOKENS, "block_size": BLOCK, "block_bytes": block_bytes,
+            "blocks_onboarded": num_blocks_p, "engine_num_blocks": NUM_BLOCKS, "host_slots": HOST_SLOTS,
+            "rounds": args.rounds, "workers": "1 aggregated vLLM worker (core 0), kvtier, router, frontend",
+            "tiers": {"host": "kvtier host pool (NIXL-registered DRAM)",
+                      "disk": "kvtier disk slab (NIXL POSIX or pread), bytes inline to the worker"},
+            "transfer_backend": {"host": "NIXL UCX READ into the worker's KV cache + xxh3 check per block",
+                                 "disk": "inline bytes over ZeroMQ", "save": "inline bytes over ZeroMQ"},
+            "ttft": "HTTP /v1/completions stream, max_tokens=1, to the first token",
+            "machine": machine(), "git": git_info(), "timestamp": now_iso(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny-100m")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--prompt-tokens", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--skip-raw", action="store_true", help="no raw NIXL READ reference")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not (args.model / "config.json").exists():
+        raise SystemExit(f"{args.model}: no model (python -m cli.main model make-tiny --size 100m --out {args.model})")
+    if args.prompt_tokens > (NUM_BLOCKS - 1) * BLOCK - 1:
+        raise SystemExit(f"--prompt-tokens must be < {(NUM_BLOCKS - 1) * BLOCK}")
+    doc = run(args)
+    text = json.dumps(doc, indent=2)
+    print(json.dumps({k: doc[k] for k in ("ttft_ms", "ttft_ratio_vs_recompute")}, indent=2))
+    print(json.dumps({k: v for k, v in doc["onboarding_host"].items() if k != "loads"}, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
