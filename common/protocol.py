@@ -320,6 +320,8 @@ class TierBlocks(_Msg, frozen=True):
     blocks: tuple[TierBlock, ...] = ()
     # The reply stopped at its size cap, not at the end of the run: ask again for the rest.
     truncated: bool = False
+    # ``host_slots`` replies: the NIXL agent whose pool the slots belong to (a restarted kvtier has another).
+    nixl_agent: str = ""
 
 
 class TierStats(_Msg, frozen=True):

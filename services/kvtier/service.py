@@ -161,7 +161,8 @@ class KvTierService:
                     TierBlock(block_hash=e.block_hash, checksum=e.checksum, size=e.size, tier=e.tier) for e in held))
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks, host_slots=True):
                 blocks, truncated = store.lookup_slots(hashes, max_blocks, self.config.max_reply_bytes)
-                return TierBlocks(request_id=rid, blocks=tuple(blocks), truncated=truncated)
+                agent = store.pool.nixl.name if store.pool.registered and store.pool.nixl is not None else ""
+                return TierBlocks(request_id=rid, blocks=tuple(blocks), truncated=truncated, nixl_agent=agent)
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks):
                 cap = max(1, self.config.max_reply_bytes // store.block_bytes)
                 cap = min(cap, max_blocks) if max_blocks else cap

@@ -66,6 +66,11 @@ class NixlOnboarder:
     def connected(self) -> bool:
         return self._remote is not None
 
+    @property
+    def peer_name(self) -> str:
+        """kvtier's agent whose pool we READ ("" when not connected)."""
+        return self._pool_key[0]
+
     def connect(self, stats: TierStats) -> bool:
         """Know kvtier's pool (again, if kvtier restarted); False when it offers no NIXL path."""
         if not self.usable or not stats.nixl or not stats.nixl_metadata or stats.block_bytes != self.layout.block_bytes:

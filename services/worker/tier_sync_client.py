@@ -116,12 +116,14 @@ class SyncTierClient:
         self.num_fetched += len(out)
         return out
 
-    def lookup_slots(self, block_hashes: Sequence[int], block_bytes: int, timeout_s: float) -> list[TierBlock]:
+    def lookup_slots(self, block_hashes: Sequence[int], block_bytes: int,
+                     timeout_s: float) -> tuple[list[TierBlock], str]:
         """The leading run for a NIXL load: host blocks as pool slots (checksums to verify after the READ),
-        disk blocks inline (verified here). Fewer on any failure."""
+        disk blocks inline (verified here), and the NIXL agent owning the slots. Fewer on any failure."""
         if not block_hashes or self._is_down():
-            return []
+            return [], ""
         out: list[TierBlock] = []
+        agent = ""
         deadline = time.monotonic() + timeout_s
         try:
             while len(out) < len(block_hashes):
@@ -131,8 +133,9 @@ class SyncTierClient:
                     raise TransportTimeout("lookup deadline")
                 reply = self._request_main(TierLookup(request_id=new_id("tn"), block_hashes=rest, host_slots=True),
                                            remaining_s)
-                if not isinstance(reply, TierBlocks):
+                if not isinstance(reply, TierBlocks) or (agent and reply.nixl_agent != agent):
                     break
+                agent = reply.nixl_agent
                 good = 0
                 for expected, block in zip(rest, reply.blocks):
                     inline_ok = (block.slot >= 0 and not block.data) or (
@@ -148,7 +151,7 @@ class SyncTierClient:
         except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
             self._failed("lookup", exc)
         self.num_fetched += len(out)
-        return out
+        return out, agent
 
     def stats(self, timeout_s: float = 1.0) -> TierStats | None:
         if self._is_down():

@@ -29,6 +29,7 @@ Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_se
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -222,8 +223,13 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         layout, nixl = self._layout, self._nixl
         assert layout is not None and nixl is not None
         t0 = time.perf_counter()
-        blocks = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
-        pairs = [(bid, b.slot) for bid, b in zip(plan.block_ids, blocks) if b.slot >= 0]
+        blocks, agent = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
+        if agent != nixl.peer_name and any(b.slot >= 0 for b in blocks):
+            # kvtier restarted (another agent, another pool): learn the new one, or use none of these slots.
+            nixl.disconnect()
+            self._nixl_checked_s = -1e9
+            if not self._nixl_ready() or agent != nixl.peer_name:
+                blocks = [b for b in itertools.takewhile(lambda b: b.slot < 0, blocks)]
         read_ok = True
         t1 = time.perf_counter()
         if pairs:
