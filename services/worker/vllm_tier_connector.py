@@ -127,9 +127,15 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         entry = self._requests.get(request.request_id)
         if entry is None or num_external_tokens <= 0:
             return
-        state = entry[1]
-        state.load = load_plan(request.request_id, state.prompt_hashes, state.num_computed_tokens,
-                               num_external_tokens, blocks.get_block_ids()[0], self.block_size)
+        state, block_ids = entry[1], blocks.get_block_ids()[0]
+        try:
+            state.load = load_plan(request.request_id, state.prompt_hashes, state.num_computed_tokens,
+                                   num_external_tokens, block_ids, self.block_size)
+        except ValueError:  # vLLM counts these tokens as loaded now: a plan of no hashes fails every block
+            log.exception("kvtier_plan_failed", req_id=request.request_id)
+            first = state.num_computed_tokens // self.block_size
+            state.load = BlockPlan(request.request_id, (), tuple(block_ids[first:first + num_external_tokens //
+                                                                           self.block_size]))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = TierConnectorMetadata()
@@ -192,7 +198,11 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     def _load(self, plan: BlockPlan) -> None:
         began = time.perf_counter()
         via = "nixl" if self._nixl_ready() else "inline"
-        num_ok = self._load_nixl(plan) if via == "nixl" else self._load_inline(plan)
+        try:
+            num_ok = self._load_nixl(plan) if via == "nixl" else self._load_inline(plan)
+        except Exception:  # a bug of ours must cost a recompute, not the engine
+            log.exception("kvtier_load_failed", req_id=plan.req_id)
+            num_ok = 0
         self.num_loaded_blocks += num_ok
         missing = plan.block_ids[num_ok:]
         if missing:  # vLLM recomputes from the first of these on
@@ -229,7 +239,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             nixl.disconnect()
             self._nixl_checked_s = -1e9
             if not self._nixl_ready() or agent != nixl.peer_name:
-                blocks = [b for b in itertools.takewhile(lambda b: b.slot < 0, blocks)]
+                blocks = list(itertools.takewhile(lambda b: b.slot < 0, blocks))
+        pairs = [(bid, b.slot) for bid, b in zip(plan.block_ids, blocks) if b.slot >= 0]
         read_ok = True
         t1 = time.perf_counter()
         if pairs:
@@ -286,8 +297,11 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         for plan in meta.saves:
             if plan.req_id in self._failed_reqs:
                 continue  # computed on top of blocks that did not load: vLLM recomputes them, we skip them
-            packed = self._layout.pack(plan.block_ids).numpy()
-            self.client.store([(h, packed[i].tobytes()) for i, h in enumerate(plan.block_hashes)])
+            try:
+                packed = self._layout.pack(plan.block_ids).numpy()
+                self.client.store([(h, packed[i].tobytes()) for i, h in enumerate(plan.block_hashes)])
+            except Exception:  # a save is best effort: never the engine's failure
+                log.exception("kvtier_save_failed", req_id=plan.req_id)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -4,19 +4,21 @@ Two aggregated vLLM workers (round-robin, each pinned to its own core by the lau
 and one kvtier: a small host pool (65 slots of one 128 KiB block) over a disk tier. The prefix P is computed
 once (the reference output), evicted from the engines by long fillers, then served from kvtier's host pool on
 the worker that evicted it and on the one that never had it, then from disk, then with one disk block
-corrupted on purpose: every output equals the first, fresh one.
+corrupted on purpose, and after kvtier is killed and restarted: every output equals the first, fresh one.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, start_graph, wait_until
+from tests.graph import Graph, child_pid, start_graph, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
@@ -24,7 +26,7 @@ BLOCK = 32
 BLOCK_BYTES = 4096 * BLOCK  # tiny model, fp32: 4 layers x K,V x 2 heads x 64 dims x 4 bytes per token
 PREFIX = [200 + i for i in range(8 * BLOCK + 5)]  # 8 full blocks
 # 23 full blocks each (+ 8 generated tokens: 24 blocks): one filler evicts everything else from an engine.
-FILLERS = [[1000 + 37 * k + 3 * i for i in range(23 * BLOCK + 3)] for k in range(5)]
+FILLERS = [[1000 + 37 * k + 3 * i for i in range(23 * BLOCK + 3)] for k in range(11)]
 HOST_SLOTS = 65  # 8 MiB / 128 KiB, rounded down by kvtier (0.008 GiB)
 
 
@@ -94,3 +96,26 @@ def test_prefix_onboarded_from_disk_then_corrupt_block_recomputed(graph: Graph, 
     stats = tier_stats(graph)
     assert stats.checksum_failures == 1 and stats.disk_used == 7
     assert "kvtier_load_incomplete" in graph.logs()
+
+
+def test_killed_kvtier_costs_recomputes_then_its_restart_serves_again(graph: Graph, reference: str) -> None:
+    connects_before = graph.logs().count("kvtier_nixl_connected")
+    os.kill(child_pid(graph, " kvtier "), signal.SIGKILL)
+    complete(graph, FILLERS[5])  # A
+    complete(graph, FILLERS[6])  # B
+    assert complete(graph, PREFIX) == (reference, 0)  # A: P evicted, kvtier gone: recomputed
+    # The launcher restarts kvtier: empty, with another NIXL agent.
+    assert wait_until(lambda: _tier_up(graph) and tier_stats(graph).nixl, timeout_s=30), graph.logs()[-3000:]
+    complete(graph, FILLERS[7])  # B
+    complete(graph, FILLERS[8])  # A
+    # B: from the new kvtier if A's write-through of P reached it (it restarts in about a second), else
+    # recomputed and written through by B.
+    assert complete(graph, PREFIX)[0] == reference
+    _settled(graph)
+    complete(graph, FILLERS[9])  # A
+    complete(graph, FILLERS[10])  # B
+    # A's NIXL view of kvtier was the dead process's pool: it learns the new one and READs P from it.
+    assert complete(graph, PREFIX) == (reference, 8 * BLOCK)
+    stats = tier_stats(graph)
+    assert stats.hits_host >= 8 and stats.checksum_failures == 0
+    assert graph.logs().count("kvtier_nixl_connected") > connects_before
