@@ -35,6 +35,7 @@ class PlannerSpec:
     slo: str  # ttft_ms=..,itl_ms=..
     profile: Path | None = None
     interval_s: float = 5.0
+    window_s: float = 30.0
     max_prefill: int = 4
     max_decode: int = 4
     max_workers: int = 8
@@ -134,6 +135,7 @@ def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
     p = spec.planner
     cmd = ["planner", "--router", router, "--metrics-url", f"http://{spec.host}:{spec.port}/metrics",
            "--events", events, "--slo", p.slo, "--interval-s", str(p.interval_s),
+           "--window-s", str(p.window_s),
            "--max-prefill", str(p.max_prefill), "--max-decode", str(p.max_decode),
            "--max-workers", str(p.max_workers)]
     if p.profile is not None:

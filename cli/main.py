@@ -290,6 +290,7 @@ def up(
     planner_slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="The planner's SLOs (p90)"),
     planner_profile: Optional[Path] = typer.Option(None, help="`splitserve profile` JSON: scale ahead of the SLO"),
     planner_interval_s: float = typer.Option(5.0, help="Seconds between planner decisions"),
+    planner_window_s: float = typer.Option(30.0, help="Seconds of metrics each planner decision reads"),
     max_prefill: int = typer.Option(4, help="Planner: most prefill workers"),
     max_decode: int = typer.Option(4, help="Planner: most decode workers"),
     max_workers: int = typer.Option(0, help="Planner: most workers in all (0: vLLM one per core; mock max-prefill + max-decode)"),
@@ -311,6 +312,7 @@ def up(
                      router_busy_threshold=router_busy_threshold, log_level=log_level,
                      log_json=log_json,
                      planner=PlannerSpec(slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s,
+                                         window_s=planner_window_s,
                                          max_prefill=max_prefill, max_decode=max_decode,
                                          max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm"
                                                                    else max_prefill + max_decode),
@@ -325,7 +327,8 @@ def planner_cmd(
     events: str = typer.Option("tcp://127.0.0.1:5590", help="PUB socket for ScaleRequests (orchestrators subscribe)"),
     slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="p90 targets: ttft_ms=..,itl_ms=.."),
     profile_path: Optional[Path] = typer.Option(None, "--profile", help="`splitserve profile` JSON (model-based targets)"),
-    interval_s: float = typer.Option(5.0),
+    interval_s: float = typer.Option(5.0, help="Seconds between decisions"),
+    window_s: float = typer.Option(30.0, help="Each decision reads this many seconds of metrics"),
     min_prefill: int = typer.Option(1),
     max_prefill: int = typer.Option(4),
     min_decode: int = typer.Option(1),
@@ -362,7 +365,7 @@ def planner_cmd(
     policy = PlannerConfig(slo=slo_parsed, min_prefill=min_prefill, max_prefill=max_prefill, min_decode=min_decode,
                            max_decode=max_decode, max_workers=max_workers, down_after_intervals=down_after_intervals)
     config = PlannerServiceConfig(router_endpoint=router_endpoint, metrics_urls=tuple(metrics_url), policy=policy,
-                                  events_endpoint=events, interval_s=interval_s, timing=timing,
+                                  events_endpoint=events, interval_s=interval_s, window_s=window_s, timing=timing,
                                   decisions_path=decisions, transport=_transport(curve_dir),
                                   **({"plan_options": options} if options is not None else {}))
     run_service(PlannerService(config).run)

@@ -25,6 +25,10 @@ class FrontendMetrics:
                                      buckets=_LATENCY_BUCKETS_S, registry=r)
         self.e2e_seconds = Histogram("splitserve_frontend_request_seconds", "Request latency, end to end",
                                      buckets=_LATENCY_BUCKETS_S, registry=r)
+        # Counted when a request arrives (the planner reads the incoming mix, not only what finished).
+        self.arrivals = Counter("splitserve_frontend_arrivals", "Generate requests received", registry=r)
+        self.arrival_prompt_tokens = Counter("splitserve_frontend_arrival_prompt_tokens",
+                                             "Prompt tokens of the requests received", registry=r)
         self.prompt_tokens = Counter("splitserve_frontend_prompt_tokens", "Prompt tokens", registry=r)
         self.cached_tokens = Counter("splitserve_frontend_cached_prompt_tokens",
                                      "Prompt tokens served from a prefix cache", registry=r)

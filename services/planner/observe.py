@@ -22,6 +22,8 @@ _E2E = "splitserve_frontend_request_seconds"
 _PROMPT = "splitserve_frontend_prompt_tokens"
 _OUTPUT = "splitserve_frontend_output_tokens"
 _INFLIGHT = "splitserve_frontend_inflight_requests"
+_ARRIVALS = "splitserve_frontend_arrivals"
+_ARRIVAL_PROMPT = "splitserve_frontend_arrival_prompt_tokens"
 
 Buckets = tuple[tuple[float, float], ...]  # (upper bound s, cumulative count), ascending, last = +Inf
 
@@ -36,11 +38,13 @@ class FrontendSnapshot:
     prompt_tokens: float
     output_tokens: float
     inflight: float
+    arrivals: float = 0.0
+    arrival_prompt_tokens: float = 0.0
 
 
 def parse_metrics(text: str) -> FrontendSnapshot:
     buckets: dict[str, dict[float, float]] = {_TTFT: {}, _ITL: {}}
-    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0}
+    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0, _ARRIVALS: 0.0, _ARRIVAL_PROMPT: 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -50,12 +54,13 @@ def parse_metrics(text: str) -> FrontendSnapshot:
                 hist[le] = hist.get(le, 0.0) + sample.value
             elif name == _E2E + "_count":
                 values[_E2E] += sample.value
-            elif name in (_PROMPT + "_total", _OUTPUT + "_total", _INFLIGHT):
+            elif name in (_PROMPT + "_total", _OUTPUT + "_total", _ARRIVALS + "_total", _ARRIVAL_PROMPT + "_total",
+                          _INFLIGHT):
                 values[name.removesuffix("_total")] += sample.value
     return FrontendSnapshot(
         ttft=tuple(sorted(buckets[_TTFT].items())), itl=tuple(sorted(buckets[_ITL].items())),
         num_finished=values[_E2E], prompt_tokens=values[_PROMPT], output_tokens=values[_OUTPUT],
-        inflight=values[_INFLIGHT])
+        inflight=values[_INFLIGHT], arrivals=values[_ARRIVALS], arrival_prompt_tokens=values[_ARRIVAL_PROMPT])
 
 
 def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
@@ -71,7 +76,9 @@ def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
     return FrontendSnapshot(ttft=add([s.ttft for s in snaps]), itl=add([s.itl for s in snaps]),
                             num_finished=sum(s.num_finished for s in snaps),
                             prompt_tokens=sum(s.prompt_tokens for s in snaps),
-                            output_tokens=sum(s.output_tokens for s in snaps), inflight=sum(s.inflight for s in snaps))
+                            output_tokens=sum(s.output_tokens for s in snaps), inflight=sum(s.inflight for s in snaps),
+                            arrivals=sum(s.arrivals for s in snaps),
+                            arrival_prompt_tokens=sum(s.arrival_prompt_tokens for s in snaps))
 
 
 def bucket_delta(now: Buckets, before: Buckets) -> Buckets:
@@ -112,11 +119,12 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
     def mean(xs: Sequence[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
+    arrivals = now.arrivals - before.arrivals
     return Observation(
         duration_s=duration_s, num_finished=int(finished),
-        # Arrivals = finished + growth of what is in flight.
-        arrival_rate_rps=max(0.0, finished + now.inflight - before.inflight) / duration_s if duration_s > 0 else 0.0,
-        isl_mean=(now.prompt_tokens - before.prompt_tokens) / finished if finished > 0 else None,
+        arrival_rate_rps=arrivals / duration_s if duration_s > 0 else 0.0,
+        # ISL of what arrives (the mix the pools are about to see); OSL of what finished (known only then).
+        isl_mean=(now.arrival_prompt_tokens - before.arrival_prompt_tokens) / arrivals if arrivals > 0 else None,
         osl_mean=(now.output_tokens - before.output_tokens) / finished if finished > 0 else None,
         ttft_p90_ms=None if ttft_p90 is None else ttft_p90 * 1e3,
         itl_p90_ms=None if itl_p90 is None else itl_p90 * 1e3,

@@ -139,6 +139,21 @@ def mg1_max_rate(mean_s: float, second_moment_s2: float, max_wait_s: float) -> f
     return 2 * max_wait_s / (second_moment_s2 + 2 * max_wait_s * mean_s)
 
 
+def mg1_wait_quantile_s(arrival_rate: float, mean_s: float, second_moment_s2: float, q: float) -> float:
+    """Approximate ``q``-quantile of the M/G/1 wait (the live planner's SLOs are p90s, not means).
+
+    A request waits at all with probability ``rho``; the wait of those that do is taken as exponential with
+    mean ``Wq / rho`` (Kingman's heavy-traffic tail). So the quantile is 0 while ``rho <= 1 - q``, else
+    ``(Wq / rho) * ln(rho / (1 - q))``; inf when saturated.
+    """
+    rho = arrival_rate * mean_s
+    if rho >= 1:
+        return math.inf
+    if rho <= 1 - q:
+        return 0.0
+    return mg1_wait_s(arrival_rate, mean_s, second_moment_s2) / rho * math.log(rho / (1 - q))
+
+
 def ceil_div(x: float, y: float) -> int:
     """ceil(x / y), forgiving float noise (4.0000000001 -> 4)."""
     return max(0, math.ceil(x / y - _EPS))
@@ -487,6 +502,19 @@ def plan(timing: TimingModel, workload: Workload, slo: Slo, options: PlanOptions
     agg = plan_aggregated(timing, workload, slo, rate, options)
     return Plan(rate, workload.isl_mean, workload.osl_mean, workload.context_mean, slo, disagg, agg,
                 decide(disagg, agg))
+
+
+def prefill_workers_for_quantile(timing: TimingModel, isl: Sequence[int], rate: float, ttft_s: float, q: float,
+                                 max_workers: int) -> int | None:
+    """Fewest prefill workers whose TTFT ``q``-quantile (prefill + M/G/1 wait quantile) is within ``ttft_s``;
+    0 for no traffic; None when no count up to ``max_workers`` is."""
+    if rate <= 0 or not isl:
+        return 0
+    mean_s, second_s2 = prefill_moments(timing, isl)
+    if mean_s >= ttft_s:
+        return None
+    return smallest_workers(lambda n: mean_s + mg1_wait_quantile_s(rate / n, mean_s, second_s2, q) <= ttft_s,
+                            1, max_workers)
 
 
 def options_from_profile(doc: Mapping[str, Any], **overrides: Any) -> PlanOptions:

@@ -14,6 +14,10 @@ ahead of the SLO breaking: a pool grows to the larger of the model's target and 
 Scaling up is at once (to the model's target, or one more worker); scaling down is one worker at a time,
 after ``down_after_intervals`` quiet intervals in a row, and only to what the model (if any) says suffices:
 capacity removed too early costs SLO, capacity kept too long costs only money.
+
+Observations are sliding windows (the service decides every few seconds over the last ~30 s). A window that
+began before a pool's last change still holds latencies of the old size: for that pool, latency signals
+neither grow it again nor count as quiet (queues and KV usage, read live, still do).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from services.planner.plan import Slo
 class Observation:
     """One interval of a running graph: frontend /metrics deltas and the router's worker list."""
 
-    duration_s: float
-    num_finished: int  # requests finished in the interval (the latency percentiles' sample)
+    duration_s: float  # the window's length
+    num_finished: int  # requests finished in the window (the latency percentiles' sample)
     arrival_rate_rps: float
     isl_mean: float | None
     osl_mean: float | None
@@ -40,6 +44,7 @@ class Observation:
     prefill_waiting: float = 0.0  # mean requests waiting per prefill worker
     decode_waiting: float = 0.0
     decode_kv_usage: float = 0.0  # mean used share of decode workers' KV blocks, 0..1
+    end_s: float = 0.0  # monotonic time the window ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,9 @@ class PlannerConfig:
 class PlannerState:
     quiet_prefill: int = 0
     quiet_decode: int = 0
+    # When each pool's target last changed (monotonic s).
+    changed_prefill_s: float = float("-inf")
+    changed_decode_s: float = float("-inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,22 +114,25 @@ def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
            model: ModelTarget | None = None) -> ScaleDecision:
     slo, hw, lw = config.slo, config.high_water, config.low_water
     trusted = obs.num_finished >= config.min_requests
+    window_start_s = obs.end_s - obs.duration_s
+    fresh_p = window_start_s >= state.changed_prefill_s
+    fresh_d = window_start_s >= state.changed_decode_s
     ttft_near = trusted and _near(obs.ttft_p90_ms, slo.ttft_ms, hw)
     itl_near = trusted and _near(obs.itl_p90_ms, slo.itl_ms, hw)
 
     prefill_up: list[str] = []
     if obs.num_prefill and obs.prefill_waiting > config.queue_high:
         prefill_up.append("prefill_queue")
-    if ttft_near and obs.num_prefill and obs.prefill_waiting >= obs.decode_waiting:
+    if fresh_p and ttft_near and obs.num_prefill and obs.prefill_waiting >= obs.decode_waiting:
         prefill_up.append("ttft")
     decode_up: list[str] = []
-    if itl_near:
+    if fresh_d and itl_near:
         decode_up.append("itl")
     if obs.decode_kv_usage > config.kv_high:
         decode_up.append("decode_kv")
     if obs.decode_waiting > config.queue_high:
         decode_up.append("decode_queue")
-    if ttft_near and (not obs.num_prefill or obs.decode_waiting > obs.prefill_waiting):
+    if fresh_d and ttft_near and (not obs.num_prefill or obs.decode_waiting > obs.prefill_waiting):
         decode_up.append("ttft")
 
     model_p = model.num_prefill if model is not None else None
@@ -132,9 +143,10 @@ def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
     # Quiet: nothing near, queues empty, and the model (if any) sees room for one worker fewer. Too few
     # requests to trust a percentile, with empty queues, is quiet too: it is what an idle graph looks like.
     quiet_common = not trusted or _quiet(obs.ttft_p90_ms, slo.ttft_ms, lw)
-    prefill_quiet = (not prefill_up and quiet_common and obs.prefill_waiting < 0.5
+    prefill_quiet = (fresh_p and not prefill_up and quiet_common and obs.prefill_waiting < 0.5
                      and (model_p is None or model_p < obs.num_prefill))
-    decode_quiet = (not decode_up and quiet_common and (not trusted or _quiet(obs.itl_p90_ms, slo.itl_ms, lw))
+    decode_quiet = (fresh_d and not decode_up and quiet_common
+                    and (not trusted or _quiet(obs.itl_p90_ms, slo.itl_ms, lw))
                     and obs.decode_waiting < 0.5 and obs.decode_kv_usage < config.kv_high * lw / hw
                     and (model_d is None or model_d < obs.num_decode))
     quiet_p = state.quiet_prefill + 1 if prefill_quiet else 0
@@ -147,10 +159,13 @@ def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
     p_target = _clamp(p_target, config.min_prefill, config.max_prefill)
     d_target = _clamp(d_target, config.min_decode, config.max_decode)
     p_target, d_target = _fit_budget(obs, p_target, d_target, bool(prefill_up), config.max_workers)
+    p_changed, d_changed = p_target != obs.num_prefill, d_target != obs.num_decode
     return ScaleDecision(
-        prefill=PoolDecision("prefill", obs.num_prefill, p_target, p_reasons if p_target != obs.num_prefill else ()),
-        decode=PoolDecision("decode", obs.num_decode, d_target, d_reasons if d_target != obs.num_decode else ()),
-        state=replace(state, quiet_prefill=quiet_p, quiet_decode=quiet_d),
+        prefill=PoolDecision("prefill", obs.num_prefill, p_target, p_reasons if p_changed else ()),
+        decode=PoolDecision("decode", obs.num_decode, d_target, d_reasons if d_changed else ()),
+        state=replace(state, quiet_prefill=quiet_p, quiet_decode=quiet_d,
+                      changed_prefill_s=obs.end_s if p_changed else state.changed_prefill_s,
+                      changed_decode_s=obs.end_s if d_changed else state.changed_decode_s),
     )
 
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from common.errors import RemoteError, TransportTimeout
 from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
-from services.planner.plan import PlanOptions, Workload, plan_disaggregated
+from services.planner.plan import PlanOptions, Workload, plan_disaggregated, prefill_workers_for_quantile
 from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
 from services.worker.mock.timing import TimingModel
 
@@ -39,7 +40,8 @@ class PlannerServiceConfig:
     metrics_urls: tuple[str, ...]  # frontends' /metrics
     policy: PlannerConfig
     events_endpoint: str = "tcp://127.0.0.1:0"  # PUB, bound here
-    interval_s: float = 5.0
+    interval_s: float = 5.0  # between decisions
+    window_s: float = 30.0  # each decision reads the last this-many seconds of metrics
     pending_timeout_s: float = 120.0
     # Profile-based targets (None: reactive only).
     timing: TimingModel | None = None
@@ -55,14 +57,23 @@ class Pending:
 
 
 def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, options: PlanOptions) -> ModelTarget | None:
-    """The profile's answer for the observed workload, or None when the interval says too little."""
+    """The profile's answer for the observed workload, or None when the interval says too little.
+
+    Decode from the plan (a decode step is nearly deterministic, so its mean ITL is its p90); prefill sized
+    for the TTFT's p90 (``prefill_workers_for_quantile``): sized for the mean, a pool misses a p90 SLO.
+    """
     if obs.isl_mean is None or obs.osl_mean is None or obs.arrival_rate_rps <= 0:
         return None
-    workload = Workload.of(max(1, round(obs.isl_mean)), max(1, round(obs.osl_mean)), rate=obs.arrival_rate_rps)
+    isl = max(1, round(obs.isl_mean))
+    workload = Workload.of(isl, max(1, round(obs.osl_mean)), rate=obs.arrival_rate_rps)
     disagg = plan_disaggregated(timing, workload, config.slo, obs.arrival_rate_rps, options)
     if not disagg.feasible or disagg.prefill is None or disagg.decode is None:
         return None
-    return ModelTarget(num_prefill=disagg.prefill.workers, num_decode=disagg.decode.workers)
+    num_prefill = (prefill_workers_for_quantile(timing, [isl], obs.arrival_rate_rps, config.slo.ttft_ms / 1e3, 0.9,
+                                                config.max_prefill)
+                   if disagg.prefill.workers else 0)
+    return ModelTarget(num_prefill=config.max_prefill if num_prefill is None else num_prefill,
+                       num_decode=disagg.decode.workers)
 
 
 def hold_pending(decision: PoolDecision, pending: Pending | None, now_s: float, timeout_s: float) -> PoolDecision:
@@ -95,8 +106,7 @@ class PlannerService:
                      slo=asdict(self.config.policy.slo), model=self.config.timing is not None)
             if ready is not None:
                 ready.set()
-            before: FrontendSnapshot | None = None
-            before_s = time.monotonic()
+            history: deque[tuple[float, FrontendSnapshot]] = deque()  # (monotonic s, scrape), oldest first
             while True:
                 try:
                     now = await self._scrape()
@@ -108,12 +118,17 @@ class PlannerService:
                     continue
                 assert isinstance(workers, WorkerList)
                 now_s = time.monotonic()
-                if before is None:  # the first scrape is the baseline
-                    before, before_s = now, now_s
+                if history and now.num_finished < history[-1][1].num_finished:
+                    history.clear()  # a frontend restarted: its counters began again
+                history.append((now_s, now))
+                # The window: the oldest scrape not older than window_s (the first scrape is only a baseline).
+                while len(history) > 2 and now_s - history[1][0] >= self.config.window_s:
+                    history.popleft()
+                if len(history) < 2:
                     await asyncio.sleep(self.config.interval_s)
                     continue
-                obs = observe(before, now, now_s - before_s, workers)
-                before, before_s = now, now_s
+                start_s, start = history[0]
+                obs = replace(observe(start, now, now_s - start_s, workers), end_s=now_s)
                 record = self.step(obs, now_s)
                 for msg in record["requests"]:
                     await pub.send(encode(msg))

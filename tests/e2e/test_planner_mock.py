@@ -79,7 +79,7 @@ def test_sigterm_drains_a_decode_worker_without_losing_a_request(pd2: Graph) -> 
 def test_planner_adds_prefill_when_prompts_queue_then_drains_it(tmp_path) -> None:
     decisions = tmp_path / "decisions.jsonl"
     graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "2",
-                        "--planner", "--planner-interval-s", "1", "--planner-slo", "ttft_ms=400,itl_ms=200",
+                        "--planner", "--planner-interval-s", "1", "--planner-window-s", "3", "--planner-slo", "ttft_ms=400,itl_ms=200",
                         "--max-prefill", "2", "--max-decode", "1", "--planner-decisions", str(decisions))
     try:
         stop = threading.Event()

@@ -24,8 +24,11 @@ def test_quantile_like_prometheus(buckets, q, expected) -> None:
     assert got == pytest.approx(expected) if expected is not None else got is None
 
 
-def _frontend(ttfts: list[float], itls: list[float], num_prompt: int, num_output: int, inflight: int) -> str:
+def _frontend(ttfts: list[float], itls: list[float], num_prompt: int, num_output: int, inflight: int,
+              arrivals: int = 0, arrival_tokens: int = 0) -> str:
     m = FrontendMetrics()
+    m.arrivals.inc(arrivals)
+    m.arrival_prompt_tokens.inc(arrival_tokens)
     for t in ttfts:
         m.observe_ttft(t)
         m.e2e_seconds.observe(t + 1)
@@ -38,10 +41,11 @@ def _frontend(ttfts: list[float], itls: list[float], num_prompt: int, num_output
 
 
 def test_observe_two_scrapes_of_two_frontends() -> None:
-    before = merge([parse_metrics(_frontend([0.3] * 4, [0.02] * 10, 400, 40, 2)),
+    before = merge([parse_metrics(_frontend([0.3] * 4, [0.02] * 10, 400, 40, 2, 6, 600)),
                     parse_metrics(_frontend([], [], 0, 0, 0))])
-    now = merge([parse_metrics(_frontend([0.3] * 4 + [0.9] * 10, [0.02] * 10 + [0.055] * 100, 400 + 20480, 40 + 640, 5)),
-                 parse_metrics(_frontend([0.9] * 10, [0.055] * 100, 20480, 640, 1))])
+    now = merge([parse_metrics(_frontend([0.3] * 4 + [0.9] * 10, [0.02] * 10 + [0.055] * 100, 400 + 20480, 40 + 640, 5,
+                                         6 + 12, 600 + 12 * 4096)),
+                 parse_metrics(_frontend([0.9] * 10, [0.055] * 100, 20480, 640, 1, 12, 12 * 4096))])
     assert now.num_finished == 24 and now.inflight == 6
     info = lambda wid, role: WorkerInfo(worker_id=wid, role=role, model="m", block_size=32, num_blocks=100,  # noqa: E731
                                         endpoint="tcp://127.0.0.1:1")
@@ -53,8 +57,9 @@ def test_observe_two_scrapes_of_two_frontends() -> None:
                          draining=("d1",))
     obs = observe(before, now, 10.0, workers)
     assert obs.num_finished == 20
-    assert obs.arrival_rate_rps == pytest.approx((20 + 6 - 2) / 10)
-    assert (obs.isl_mean, obs.osl_mean) == (2048, 64)
+    # Rate and ISL from arrivals (24 new, 4,096 tokens each), OSL from the 20 that finished.
+    assert obs.arrival_rate_rps == pytest.approx(24 / 10)
+    assert (obs.isl_mean, obs.osl_mean) == (4096, 64)
     # Every new TTFT is 0.9 s: inside the (0.75, 1.0] bucket, interpolated at rank 18 of 20.
     assert obs.ttft_p90_ms == pytest.approx(750 + 250 * 18 / 20)
     assert obs.itl_p90_ms == pytest.approx(50 + 10 * 180 / 200)

@@ -241,3 +241,25 @@ def test_options_from_profile() -> None:
     doc = {"conditions": {"kv_bytes_per_token": 4096}, "decode": [{"batch": 1}, {"batch": 32}]}
     assert options_from_profile(doc) == PlanOptions(max_batch=32, kv_bytes_per_token=4096)
     assert options_from_profile(doc, max_batch=8, chunk_tokens=None).max_batch == 8
+
+
+def test_mg1_wait_quantile() -> None:
+    from services.planner.plan import mg1_wait_quantile_s, mg1_wait_s
+
+    # rho = 0.5, deterministic 1 s service: Wq = 0.5 s; waiters' mean 1 s; p90 = ln(0.5 / 0.1) = 1.609 s.
+    assert mg1_wait_quantile_s(0.5, 1.0, 1.0, 0.9) == pytest.approx(math.log(5.0))
+    assert mg1_wait_s(0.5, 1.0, 1.0) == pytest.approx(0.5)
+    assert mg1_wait_quantile_s(0.05, 1.0, 1.0, 0.9) == 0.0  # 95% never wait
+    assert mg1_wait_quantile_s(1.0, 1.0, 1.0, 0.9) == math.inf
+
+
+def test_prefill_workers_for_quantile() -> None:
+    from services.planner.plan import prefill_workers_for_quantile
+    from services.worker.mock.timing import TimingModel
+
+    timing = TimingModel(prefill_coeffs_s=(0.0, 0.001))  # 2,000 tokens: 2 s
+    # 0.6 req/s of 2 s prompts: TTFT p90 = 2 s + wait p90 = 6.5 s (2 workers), 4.3 s (3), 3.6 s (4).
+    assert prefill_workers_for_quantile(timing, [2000], 0.6, 4.0, 0.9, 8) == 4
+    assert prefill_workers_for_quantile(timing, [2000], 0.6, 6.0, 0.9, 8) == 3
+    assert prefill_workers_for_quantile(timing, [2000], 0.0, 4.0, 0.9, 8) == 0
+    assert prefill_workers_for_quantile(timing, [2000], 0.6, 1.5, 0.9, 8) is None

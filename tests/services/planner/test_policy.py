@@ -73,8 +73,9 @@ QUIET = replace(BASE, ttft_p90_ms=200, itl_p90_ms=20, prefill_waiting=0.0, decod
 def test_scale_down_needs_quiet_intervals_in_a_row() -> None:
     state = PlannerState()
     targets = []
-    for obs in [QUIET, QUIET, QUIET, QUIET, replace(QUIET, ttft_p90_ms=700), QUIET, QUIET, QUIET]:
-        d = decide(obs, state, CONFIG)
+    series = [QUIET, QUIET, QUIET, QUIET, replace(QUIET, ttft_p90_ms=700), QUIET, QUIET, QUIET]
+    for i, obs in enumerate(series, start=1):  # back-to-back 5 s windows
+        d = decide(replace(obs, end_s=5.0 * i), state, CONFIG)
         state = d.state
         targets.append((d.prefill.target, d.decode.target))
     # Third quiet interval: one fewer of each; the count restarts; a busy interval (TTFT 700 ms) resets it.
@@ -116,3 +117,19 @@ def test_an_idle_graph_scales_down() -> None:
     # A few slow requests (untrusted p90) but empty queues: still quiet; a queue is not.
     assert decide(replace(idle, num_finished=2, ttft_p90_ms=5000), PlannerState(2, 2), CONFIG).prefill.target == 1
     assert decide(replace(idle, prefill_waiting=1.0), PlannerState(2, 2), CONFIG).prefill.target == 2
+
+
+def test_a_window_older_than_the_last_change_holds_no_latency_signal() -> None:
+    """After prefill grew at t=100, a 30 s window still showing the old TTFT neither grows it again nor
+    counts as quiet; a live queue still grows it. Decode, unchanged, reads its latencies as usual."""
+    state = PlannerState(changed_prefill_s=100.0)
+    stale = replace(BASE, end_s=120.0, duration_s=30.0, ttft_p90_ms=950, prefill_waiting=1.0, itl_p90_ms=95)
+    d = decide(stale, state, CONFIG)
+    assert (d.prefill.target, d.decode.target) == (2, 3)
+    assert decide(replace(stale, prefill_waiting=3.0), state, CONFIG).prefill.reasons == ("prefill_queue",)
+    quiet_but_stale = replace(QUIET, end_s=120.0, duration_s=30.0)
+    assert decide(quiet_but_stale, replace(state, quiet_prefill=5), CONFIG).state.quiet_prefill == 0
+    fresh = replace(stale, end_s=131.0)
+    d = decide(fresh, state, CONFIG)
+    assert (d.prefill.target, d.prefill.reasons) == (3, ("ttft",))
+    assert d.state.changed_prefill_s == 131.0 and d.state.changed_decode_s == 131.0
