@@ -222,7 +222,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         layout = self._layout
         if layout is None:
             return 0
-        got = self.client.fetch(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
+        got = self.client.fetch(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
         if got:
             data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
             layout.unpack(plan.block_ids[:len(got)], data)
@@ -233,7 +233,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         layout, nixl = self._layout, self._nixl
         assert layout is not None and nixl is not None
         t0 = time.perf_counter()
-        blocks, agent = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self.fetch_timeout_s)
+        blocks, agent = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
         if agent != nixl.peer_name and any(b.slot >= 0 for b in blocks):
             # kvtier restarted (another agent, another pool): learn the new one, or use none of these slots.
             nixl.disconnect()
@@ -265,6 +265,12 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self._phases = {"lookup_ms": round((t1 - t0) * 1e3, 3), "read_ms": round((t2 - t1) * 1e3, 3),
                         "verify_ms": round((time.perf_counter() - t2) * 1e3, 3), "num_read": len(pairs)}
         return num_ok
+
+    def _fetch_timeout_s(self, plan: BlockPlan) -> float:
+        """The engine step waits for a load: 0.5 s plus the blocks' bytes at 0.5 GB/s (a slow kvtier costs a
+        recompute soon), at most ``fetch_timeout_s``."""
+        num_bytes = len(plan.block_ids) * (self._layout.block_bytes if self._layout else 0)
+        return min(self.fetch_timeout_s, 0.5 + num_bytes / 0.5e9)
 
     def _nixl_ready(self) -> bool:
         """NIXL READs possible: our agent works and kvtier's pool is known (asked again every 2 s until it is)."""

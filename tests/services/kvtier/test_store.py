@@ -96,3 +96,26 @@ def test_lookup_caps() -> None:
     assert len(store.lookup(list(range(1, 7)), max_blocks=4)) == 4
     assert len(store.lookup(list(range(1, 7)), max_bytes=3 * BLOCK)) == 3
     store.close()
+
+
+def test_lookup_slots_hands_out_host_slots_and_disk_bytes(tmp_path) -> None:
+    store = BlockStore("s", host_bytes=2 * BLOCK, block_bytes=BLOCK, disk_bytes=4 * BLOCK, disk_dir=tmp_path,
+                       disk_min_hits=0)
+    try:
+        store.store(_blocks(1, 2, 3))  # 1 -> disk; 2, 3 on host slots 1, 0
+        out, truncated = store.lookup_slots([1, 2, 3, 9])
+        assert [(b.block_hash, b.tier, b.slot, len(b.data)) for b in out] == [
+            (1, "disk", -1, BLOCK), (2, "host", store.index.get(2).slot, 0), (3, "host", store.index.get(3).slot, 0)]
+        assert not truncated and all(b.checksum == checksum(_payload(b.block_hash)) for b in out)
+        assert store.pool.read(out[1].slot, BLOCK) == _payload(2)
+        assert (store.index.counters.hits_host, store.index.counters.hits_disk) == (2, 1)
+        # Caps: inline (disk) bytes and block count; the rest is asked for again.
+        store.store(_blocks(4))  # host full: 2 (LRU) -> disk
+        out, truncated = store.lookup_slots([1, 2, 3, 4], max_inline_bytes=BLOCK)
+        assert [b.block_hash for b in out] == [1] and truncated
+        out, truncated = store.lookup_slots([3, 4, 9], max_blocks=1)
+        assert [b.block_hash for b in out] == [3] and truncated
+        out, truncated = store.lookup_slots([9, 3])
+        assert out == [] and not truncated and store.index.counters.misses == 1
+    finally:
+        store.close()
