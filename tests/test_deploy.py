@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 SYSTEMD = ROOT / "deploy" / "systemd"
-UNITS = ["splitserve-router.service", "splitserve-worker@.service", "splitserve-frontend.service"]
+UNITS = ["splitserve-router.service", "splitserve-worker@.service", "splitserve-frontend.service",
+         "splitserve-planner.service"]
 VENV_BIN = "/opt/splitserve/.venv/bin/"
 GRAPH = {"router", "prefill", "decode", "frontend"}
 
