@@ -131,12 +131,16 @@ def _summary(values: list[float]) -> dict[str, Any]:
             "p90": round(qs[-1], 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
+def _ratio(summary: dict[str, Any], reference: float | None) -> float | None:
+    return round(summary["median"] / reference, 3) if reference and summary.get("n") else None
+
+
 def loads_from_log(text: str) -> list[dict[str, Any]]:
     out = []
     for line in text.splitlines():
         if "kvtier_loaded" in line:
             fields = dict(_KV.findall(line))
-            out.append({k: (v if k in ("via", "req_id") else float(v)) for k, v in fields.items()})
+            out.append({k: (v if k in ("via", "req_id", "worker_id") else float(v)) for k, v in fields.items()})
     return out
 
 
@@ -204,8 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     for k in ("host", "disk") if ttfts[k]["n"] and ttfts["recompute"]["n"]},
         "onboarding_host": {"load_gbps": load_gbps, "read_gbps": read_gbps, "raw_nixl_read_gbps": raw_gbps,
                             "raw_nixl_read_gbps_each": [r["scattered"]["gbps_median"] for r in raws],
-                            "load_vs_raw": round(load_gbps["median"] / raw_gbps, 3) if raw_gbps and host_loads else None,
-                            "read_vs_raw": round(read_gbps["median"] / raw_gbps, 3) if raw_gbps and host_loads else None,
+                            "load_vs_raw": _ratio(load_gbps, raw_gbps), "read_vs_raw": _ratio(read_gbps, raw_gbps),
                             "loads": host_loads},
         "samples": samples,
         "tier_stats": {k: getattr(stats, k) for k in ("host_slots", "disk_slots", "hits_host", "hits_disk",

@@ -50,7 +50,8 @@ class NixlOnboarder:
         descs = []
         for part in layout.parts:
             region = part.shape[0] * part.stride(0) * part.element_size()
-            self._regs.append(agent.register_memory([(part.data_ptr(), region, 0, "")], "DRAM"))  # type: ignore[attr-defined]
+            reg = agent.register_memory([(part.data_ptr(), region, 0, "")], "DRAM")  # type: ignore[attr-defined]
+            self._regs.append(reg)
             row, slab = part.stride(0) * part.element_size(), part[0].numel() * part.element_size()
             descs += [(part.data_ptr() + b * row, slab, 0) for b in range(layout.num_blocks)]
         self._local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", descs, "DRAM")  # type: ignore[attr-defined]
@@ -101,7 +102,8 @@ class NixlOnboarder:
         local = [p * self.layout.num_blocks + b for p in range(num_parts) for b in block_ids]
         remote = [s * num_parts + p for p in range(num_parts) for s in slots]
         agent = self._nixl.agent
-        handle = agent.make_prepped_xfer("READ", self._local, local, self._remote, remote, b"")  # type: ignore[attr-defined]
+        handle = agent.make_prepped_xfer(  # type: ignore[attr-defined]
+            "READ", self._local, local, self._remote, remote, b"")
         try:
             state = agent.transfer(handle)  # type: ignore[attr-defined]
             deadline = time.monotonic() + self.xfer_timeout_s

@@ -119,7 +119,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         began = time.perf_counter()
         state.num_tier_blocks = self.client.probe(state.prompt_hashes[first:end])
         if state.num_tier_blocks:
-            log.info("kvtier_hit", req_id=request.request_id, num_blocks=state.num_tier_blocks, first_block=first,
+            log.info("kvtier_hit", worker_id=self.worker_id, req_id=request.request_id,
+                     num_blocks=state.num_tier_blocks, first_block=first,
                      probe_ms=round((time.perf_counter() - began) * 1e3, 2))
         return state.num_tier_blocks * self.block_size, False
 
@@ -185,7 +186,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             except Exception as exc:  # registration refused: inline bytes only
                 log.warning("kvtier_nixl_unavailable", error=repr(exc))
         log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()],
-                 num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes, endpoint=self.client.config.endpoint,
+                 num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes,
+                 endpoint=self.client.config.endpoint,
                  write_through=self.write_through, transfer="nixl" if self._nixl and self._nixl.usable else "inline")
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -213,8 +215,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
                         num_loaded=num_ok)
         block_bytes = self._layout.block_bytes if self._layout else 0
         seconds = time.perf_counter() - began
-        log.info("kvtier_loaded", req_id=plan.req_id, via=via, num_blocks=num_ok, num_bytes=num_ok * block_bytes,
-                 ms=round(seconds * 1e3, 3), gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3),
+        log.info("kvtier_loaded", worker_id=self.worker_id, req_id=plan.req_id, via=via, num_blocks=num_ok,
+                 num_bytes=num_ok * block_bytes, ms=round(seconds * 1e3, 3),
+                 gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3),
                  **self._phases)
         self._phases = {}
 

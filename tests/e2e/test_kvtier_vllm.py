@@ -1,10 +1,11 @@
 """kvtier behind real vLLM engines (our KV connector), through the HTTP API: fp32, greedy, the tiny model.
 
-Two aggregated vLLM workers (round-robin, each pinned to its own core by the launcher) with 24 usable KV blocks each (25 minus vLLM's null block)
-and one kvtier: a small host pool (65 slots of one 128 KiB block) over a disk tier. The prefix P is computed
-once (the reference output), evicted from the engines by long fillers, then served from kvtier's host pool on
-the worker that evicted it and on the one that never had it, then from disk, then with one disk block
-corrupted on purpose, and after kvtier is killed and restarted: every output equals the first, fresh one.
+Two aggregated vLLM workers (round-robin, each pinned to its own core by the launcher) with 24 usable KV blocks
+each (25 minus vLLM's null block) and one kvtier: a small host pool (65 slots of one 128 KiB block) over a disk
+tier. The prefix P is computed once (the reference output), evicted from the engines by long fillers, then served
+from kvtier's host pool on the worker that evicted it and on the one that never had it, then from disk, then with
+one disk block corrupted on purpose, and after kvtier is killed and restarted: every output equals the first,
+fresh one.
 """
 
 from __future__ import annotations
