@@ -81,12 +81,18 @@ def _drain(recv: Callable[..., Any], sink: Callable[[Any], None]) -> None:
 class Server:
     """A ROUTER socket bound to ``endpoint``."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig()):
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig(),
+                 mandatory: bool = False):
         self._sock = ctx.socket(zmq.ROUTER)
         _configure(self._sock, config)
         secure_server(self._sock, config.curve)
         # A peer that reconnects with the same identity takes over its route instead of being refused.
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if mandatory:
+            # Sending to a peer that is gone raises EHOSTUNREACH instead of dropping silently (``deliver_nowait``
+            # tells the caller, so a worker stops generating for a frontend that died); a full queue raises
+            # zmq.Again instead of dropping.
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(endpoint)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # The same socket without the asyncio layer: drains what is already queued at a fraction of the cost
@@ -114,8 +120,21 @@ class Server:
         await self._sock.send_multipart((identity, protocol.encode(msg)), copy=True)
 
     def send_nowait(self, identity: bytes, msg: Message) -> None:
-        """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths."""
-        self._sock.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+        """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths.
+        Through the plain socket: errors (a mandatory server's EHOSTUNREACH, zmq.Again) raise here instead of
+        landing in a future nobody reads."""
+        self._sync.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+
+    def deliver_nowait(self, identity: bytes, msg: Message) -> bool:
+        """``send_nowait`` that answers False when the peer is gone (a ``mandatory`` server only; else always
+        True). Raises zmq.Again on a full queue of a mandatory server: await ``send`` then."""
+        try:
+            self.send_nowait(identity, msg)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        return True
 
     def close(self) -> None:
         self._sock.close(linger=0)

@@ -78,6 +78,7 @@ class WorkerService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._must_register = asyncio.Event()
         self._draining = False
+        self._serving = False
         self._heartbeat_seq = 0
         self._drained = asyncio.Event()
         self._last_arrival_s = 0.0  # monotonic
@@ -90,7 +91,7 @@ class WorkerService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport)
+        self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
         self.endpoint = self._server.endpoint
         self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
                               on_unsolicited=self._on_router_message)
@@ -108,6 +109,7 @@ class WorkerService:
                      endpoint=self.endpoint, num_blocks=self.engine.num_blocks)
             if ready is not None:
                 ready.set()
+            self._serving = True
             serve = loop.create_task(self._serve())
             background.append(serve)
             drained = loop.create_task(self._drained.wait())
@@ -138,6 +140,10 @@ class WorkerService:
         if self._draining:
             return
         self._draining = True
+        if not self._serving:  # still starting: nothing to finish, stop as soon as start-up returns
+            log.info("drain_started", worker_id=self.config.worker_id, num_requests=0)
+            self._drained.set()
+            return
         load = self.engine.load()
         log.info("drain_started", worker_id=self.config.worker_id, num_requests=len(self._tasks),
                  num_running=load.num_running, num_waiting=load.num_waiting, timeout_s=self.config.drain_timeout_s)
@@ -177,8 +183,8 @@ class WorkerService:
             case Generate(request_id=rid):
                 self._last_arrival_s = time.monotonic()
                 if rid in self._tasks:
-                    self._server.send_nowait(identity, ErrorReply(request_id=rid, code="duplicate_request",
-                                                                  message=f"request {rid} is already running"))
+                    self._reply(identity, ErrorReply(request_id=rid, code="duplicate_request",
+                                                           message=f"request {rid} is already running"))
                     return
                 self._tasks[rid] = asyncio.get_running_loop().create_task(self._generate(identity, msg))
             case Abort(request_id=rid):
@@ -186,7 +192,7 @@ class WorkerService:
                     asyncio.get_running_loop().create_task(self.engine.abort(rid))
             case GetStats(request_id=rid):
                 c = self._refresh_counters()
-                self._server.send_nowait(identity, WorkerStats(
+                self._reply(identity, WorkerStats(
                     request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
                     num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
@@ -202,24 +208,41 @@ class WorkerService:
                                 prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer)
         try:
             async for out in self.engine.generate(request):
-                self._server.send_nowait(identity, Tokens(
+                tokens = Tokens(
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
-                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed))
+                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed)
+                try:
+                    delivered = self._server.deliver_nowait(identity, tokens)
+                except zmq.Again:  # the frontend reads slower than we generate: wait for room, lose nothing
+                    await self._server.send(identity, tokens)
+                    delivered = True
+                if not delivered:
+                    # The frontend that asked is gone (crashed or restarted): nobody will read these tokens.
+                    log.warning("requester_gone", request_id=msg.request_id)
+                    await self.engine.abort(msg.request_id)
+                    return
         except EngineError as exc:
             log.warning("request_failed", request_id=msg.request_id, error=str(exc))
-            self._server.send_nowait(identity, ErrorReply(request_id=msg.request_id, code="engine_error",
-                                                          message=str(exc)))
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="engine_error", message=str(exc)))
         except asyncio.CancelledError:
             await self.engine.abort(msg.request_id)
             raise
         except Exception as exc:  # never leave the frontend waiting on a request we lost
             log.exception("request_crashed", request_id=msg.request_id)
-            self._server.send_nowait(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
-                                                          message=repr(exc)))
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
+                                                   message=repr(exc)))
             await self.engine.abort(msg.request_id)
         finally:
             self._tasks.pop(msg.request_id, None)
+
+    def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
+        """A one-off reply; dropped (logged) if the requester is gone or its queue is full."""
+        assert self._server is not None
+        try:
+            self._server.deliver_nowait(identity, reply)
+        except zmq.Again:
+            log.warning("reply_dropped", request_id=reply.request_id, reason="requester's queue full")
 
     def _refresh_counters(self, load: WorkerLoad | None = None) -> EngineCounters:
         """Fresh engine counters, fed to the metrics (``counters()`` hands each transfer's seconds out once)."""

@@ -93,3 +93,26 @@ def test_killed_prefill_worker_is_routed_around(pd: Graph) -> None:
     assert client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=20,
                                          seed=4).choices[0].text == reference
     assert wait_until(lambda: all(s.load.num_running == 0 for s in worker_stats(pd.router).values()), 10)
+
+
+def test_killed_frontend_frees_its_requests_and_is_restarted(pd: Graph) -> None:
+    """The worker notices the requester is gone at its next token and frees the blocks at once, instead of
+    generating for nobody until max_tokens; the launcher restarts the frontend, which serves again."""
+    prompt = [500 + i for i in range(400)]
+    # 3,500 tokens at speedup 10: ~10 s of decoding if nobody stopped it.
+    chunks, _, _ = stream_in_background(pd, prompt, max_tokens=3500, seed=2)
+    assert wait_until(lambda: len(chunks) > 20, timeout_s=10)
+    assert worker_stats(pd.router)["decode-1"].load.num_running == 1
+    os.kill(child_pid(pd, "cli.main frontend"), signal.SIGKILL)
+    assert wait_until(lambda: all(s.load.num_running == 0 and s.load.num_free_blocks == 512
+                                  for s in worker_stats(pd.router).values()), timeout_s=3)
+    assert "requester_gone" in pd.logs()
+    assert wait_until(lambda: _serves(pd), timeout_s=20)
+
+
+def _serves(graph: Graph) -> bool:
+    try:
+        out = client(graph).completions.create(model=MODEL, prompt=[42] * 10, max_tokens=3)
+    except Exception:
+        return False
+    return out.usage.completion_tokens == 3
