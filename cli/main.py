@@ -180,7 +180,8 @@ def kvtier(
     host_cache_gb: float = typer.Option(1.0, help="Host-memory pool, GiB"),
     disk_cache_gb: float = typer.Option(0.0, help="NVMe tier, GiB (0: none)"),
     disk_cache_dir: Optional[Path] = typer.Option(None, help="Directory of the NVMe tier's slab file"),
-    block_bytes: int = typer.Option(36864 * 32, help="Slot size: the largest KV block held, bytes"),
+    block_bytes: int = typer.Option(36864 * 32, help="Slot size: the largest KV block held, bytes (vLLM workers: "
+                                    "2 * layers * kv_heads * head_dim * dtype bytes * block_size; `up` sizes it)"),
     disk_min_hits: int = typer.Option(1, help="Hits a host block needs to move to disk on eviction"),
     nixl: bool = typer.Option(True, help="Register the pool with NIXL (UCX + POSIX backends)"),
     disk_nixl: bool = typer.Option(True, help="Disk I/O through NIXL's POSIX backend (else pread/pwrite)"),

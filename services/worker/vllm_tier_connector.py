@@ -283,6 +283,11 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         if not nixl.connected and time.monotonic() - self._nixl_checked_s > 2.0:
             self._nixl_checked_s = time.monotonic()
             stats = self.client.stats()
+            if stats is not None and self._layout is not None and stats.block_bytes != self._layout.block_bytes:
+                # kvtier's slots are sized for another model or dtype: it refuses bigger blocks; smaller ones
+                # would fit but never match (every load checks the size). Say so: nothing will be shared.
+                log.warning("kvtier_block_bytes_mismatch", kvtier_block_bytes=stats.block_bytes,
+                            block_bytes=self._layout.block_bytes)
             try:
                 if stats is not None:
                     nixl.connect(stats)
