@@ -22,6 +22,9 @@ Data path. Load: ``transfer="nixl"`` (default) READs host-pool blocks straight i
 ``"inline"``, or no NIXL on either side (kvtier registers its pool seconds after it starts), moves every block as
 bytes in ZeroMQ messages. Save: always inline bytes (``TierStore``).
 
+Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the packing, the NIXL registration
+("DRAM") and the in-place checksums would need device-aware versions (VRAM descriptors, a host bounce for xxh3).
+
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
 ``fetch_timeout_s`` (default 5).
