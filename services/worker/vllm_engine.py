@@ -201,7 +201,7 @@ class VllmEngine:
             "logits_processors": [QUALNAME],
             "disable_log_stats": True,
         }
-        if self.config.kv_role is not None or self.config.kvtier_endpoint:
+        if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
         if self.config.kv_role is not None:
             if not self.config.nixl_progress_spin:
@@ -242,7 +242,11 @@ class VllmEngine:
                 "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
                                               "worker_id": cfg.engine_id or "vllm",
                                               "write_through": cfg.kvtier_write_through}}
-        if not cfg.kvtier_endpoint:
+        use_tier = bool(cfg.kvtier_endpoint)
+        if use_tier and _has_cuda():  # the connector handles host-memory KV caches only (its docstring)
+            log.warning("kvtier_disabled", reason="KV cache on GPU: the kvtier connector handles host memory only")
+            use_tier = False
+        if not use_tier:
             chosen = nixl
         elif cfg.kv_role in (None, "both"):
             chosen = tier
