@@ -351,6 +351,8 @@ class TierStats(_Msg, frozen=True):
     nixl_agent: str = ""
     nixl_metadata: bytes = b""
     pool_addr: int = 0
+    # Slots in the registered pool: the host tier's, then bounce slots that disk blocks are read into.
+    pool_slots: int = 0
 
 
 # ------------------------------------------------------------------------------ planner -> orchestrators (PUB)

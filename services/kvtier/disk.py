@@ -89,6 +89,19 @@ class DiskTier:
                 self._degrade(exc)
         return os.pread(self._fd, size, disk_slot * self.block_bytes)
 
+    def read_into(self, disk_slot: int, host_slot: int, size: int) -> None:
+        """Copy a disk slot's first ``size`` bytes into a host-pool slot (no Python bytes in between)."""
+        self._check(disk_slot, size)
+        if self.io_mode == "nixl":
+            try:
+                self._nixl_xfer("READ", self.pool.addr(host_slot), disk_slot, size)
+                return
+            except Exception as exc:
+                self._degrade(exc)
+        dest = self.pool.view(host_slot, size)
+        if os.preadv(self._fd, [dest], disk_slot * self.block_bytes) != size:
+            raise OSError(f"short read of disk slot {disk_slot}")
+
     def close(self) -> None:
         self._release_nixl()
         try:

@@ -56,12 +56,17 @@ def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX")) -> 
 
 
 class HostPool:
-    def __init__(self, num_bytes: int, block_bytes: int, nixl: NixlHandle | None = None) -> None:
+    def __init__(self, num_bytes: int, block_bytes: int, nixl: NixlHandle | None = None,
+                 num_bounce: int = 0) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
         self.block_bytes = block_bytes
         self.num_slots = max(0, num_bytes // block_bytes)
-        self.buf = np.zeros(self.num_slots * block_bytes, dtype=np.uint8)
+        # Bounce slots after the index's slots (``num_slots .. total_slots - 1``), never in the index: disk blocks
+        # are read into them for a worker to READ with NIXL. Same buffer, so the same registration covers them.
+        self.num_bounce = num_bounce if self.num_slots else 0
+        self.total_slots = self.num_slots + self.num_bounce
+        self.buf = np.zeros(self.total_slots * block_bytes, dtype=np.uint8)
         self.nixl: NixlHandle | None = None
         self._reg = None
         if nixl is not None:
@@ -119,8 +124,8 @@ class HostPool:
             self._reg = None
 
     def _check(self, slot: int, size: int = 0) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise IndexError(f"slot {slot} outside the pool's {self.num_slots}")
+        if not 0 <= slot < self.total_slots:
+            raise IndexError(f"slot {slot} outside the pool's {self.total_slots}")
         if not 0 <= size <= self.block_bytes:
             raise ValueError(f"block of {size} bytes does not fit a {self.block_bytes}-byte slot")
 

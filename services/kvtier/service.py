@@ -75,6 +75,9 @@ class KvTierConfig:
     events_interval_s: float = 0.01
     # Bytes of block data in one TierBlocks reply (a message stays under the transport's limit).
     max_reply_bytes: int = 12 * 1024 * 1024
+    # With a disk tier: pool slots (beyond the host tier's) that disk blocks are read into for workers to READ
+    # with NIXL; up to this many bytes of them per lookup reply. Untouched pages cost no memory.
+    bounce_bytes: int = 64 * 1024 * 1024
     metrics_port: int = 0
     transport: TransportConfig = field(default_factory=TransportConfig)
 
@@ -99,7 +102,8 @@ class KvTierService:
         self._server = Server(ctx, cfg.endpoint, cfg.transport)
         self.endpoint = self._server.endpoint
         store = self.store = BlockStore(cfg.tier_id, cfg.host_bytes, cfg.block_bytes, cfg.disk_bytes, cfg.disk_dir,
-                                        cfg.disk_min_hits, None, cfg.disk_nixl, self.metrics)
+                                        cfg.disk_min_hits, None, cfg.disk_nixl, self.metrics,
+                                        num_bounce=max(1, cfg.bounce_bytes // cfg.block_bytes))
         self.metrics.capacity.labels(tier="host").set(store.index.num_slots("host"))
         self.metrics.capacity.labels(tier="disk").set(store.index.num_slots("disk"))
         if cfg.metrics_port:
@@ -196,7 +200,8 @@ class KvTierService:
             return {}
         if not self._nixl_metadata:
             self._nixl_metadata = pool.nixl.agent.get_agent_metadata()  # type: ignore[attr-defined]
-        return {"nixl_agent": pool.nixl.name, "nixl_metadata": self._nixl_metadata, "pool_addr": pool.base_addr}
+        return {"nixl_agent": pool.nixl.name, "nixl_metadata": self._nixl_metadata, "pool_addr": pool.base_addr,
+                "pool_slots": pool.total_slots}
 
     # ------------------------------------------------------------------------------------------- router
 

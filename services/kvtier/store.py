@@ -25,10 +25,11 @@ log = structlog.get_logger(__name__)
 class BlockStore:
     def __init__(self, tier_id: str, host_bytes: int, block_bytes: int, disk_bytes: int = 0,
                  disk_dir: Path | None = None, disk_min_hits: int = 1, nixl: NixlHandle | None = None,
-                 disk_prefer_nixl: bool = True, metrics: KvTierMetrics | None = None) -> None:
+                 disk_prefer_nixl: bool = True, metrics: KvTierMetrics | None = None, num_bounce: int = 0) -> None:
         self.tier_id = tier_id
         self.block_bytes = block_bytes
-        self.pool = HostPool(host_bytes, block_bytes, nixl)
+        self.pool = HostPool(host_bytes, block_bytes, nixl, num_bounce if disk_bytes and disk_dir else 0)
+        self._next_bounce = 0  # bounce slots are handed out round-robin
         disk_slots = disk_bytes // block_bytes if disk_dir is not None else 0
         self.disk = (DiskTier(disk_dir, tier_id, disk_slots, block_bytes, self.pool, nixl, disk_prefer_nixl)
                      if disk_slots and disk_dir is not None else None)
@@ -100,15 +101,22 @@ class BlockStore:
     def lookup_slots(self, hashes: Sequence[int], max_blocks: int = 0,
                      max_inline_bytes: int = 0) -> tuple[list[TierBlock], bool]:
         """Like ``lookup``, but host blocks come back as their pool slots (the worker READs them with NIXL and
-        checks their checksums itself); disk blocks come inline, at most ``max_inline_bytes`` of them (0: no
-        cap). Returns (blocks, truncated: stopped at a cap, not at the end of the run)."""
+        checks their checksums itself). Disk blocks are read into bounce slots of the pool and come back as
+        those (at most ``pool.num_bounce`` per call: the worker READs them before asking again; a later call may
+        reuse them, which its checksums catch), or inline when the pool has no bounce slots or is not
+        registered, at most ``max_inline_bytes`` of them (0: no cap). Returns (blocks, truncated: stopped at a
+        cap, not at the end of the run)."""
+        bounce = self.pool.num_bounce if self.pool.registered else 0
         run = self.index.peek(hashes, max_blocks)
-        num, inline = 0, 0
+        num, inline, num_disk = 0, 0, 0
         for entry in run:
             if entry.tier == "disk":
-                if max_inline_bytes and num and inline + entry.size > max_inline_bytes:
+                if bounce and num_disk == bounce:
+                    break
+                if not bounce and max_inline_bytes and num and inline + entry.size > max_inline_bytes:
                     break
                 inline += entry.size
+                num_disk += 1
             num += 1
         truncated = num < len(run) or (bool(max_blocks) and num == max_blocks and len(hashes) > num)
         before = (self.index.counters.hits_host, self.index.counters.hits_disk, self.index.counters.misses)
@@ -119,12 +127,20 @@ class BlockStore:
                                      tier="host", slot=entry.slot))
                 continue
             assert self.disk is not None
-            data = self.disk.read(entry.slot, entry.size)
+            if bounce:
+                slot = self.pool.num_slots + self._next_bounce
+                self._next_bounce = (self._next_bounce + 1) % bounce
+                self.disk.read_into(entry.slot, slot, entry.size)
+                data: bytes | memoryview = self.pool.view(slot, entry.size)
+            else:
+                data = self.disk.read(entry.slot, entry.size)
             if checksum(data) != entry.checksum:
                 self._checksum_failed(entry)
                 truncated = False
                 break
-            out.append(self.transfer.outgoing(entry.block_hash, entry.checksum, entry.tier, data))
+            out.append(TierBlock(block_hash=entry.block_hash, checksum=entry.checksum, size=entry.size,
+                                 tier="disk", slot=slot) if bounce else
+                       self.transfer.outgoing(entry.block_hash, entry.checksum, entry.tier, data))  # type: ignore[arg-type]
         self._count(before, sum(b.size for b in out))
         return out, truncated
 

@@ -85,12 +85,13 @@ class NixlOnboarder:
         for size in self.layout.part_bytes:
             offsets.append(offset)
             offset += size
+        num_slots = stats.pool_slots or stats.host_slots
         descs = [(stats.pool_addr + s * stats.block_bytes + off, size, 0)
-                 for s in range(stats.host_slots) for off, size in zip(offsets, self.layout.part_bytes)]
+                 for s in range(num_slots) for off, size in zip(offsets, self.layout.part_bytes)]
         self._remote = agent.prep_xfer_dlist(self._peer, descs, "DRAM")  # type: ignore[attr-defined]
-        self._num_slots = stats.host_slots
+        self._num_slots = num_slots
         self._pool_key = (stats.nixl_agent, stats.pool_addr)
-        log.info("kvtier_nixl_connected", peer=self._peer, host_slots=stats.host_slots, num_descs=len(descs))
+        log.info("kvtier_nixl_connected", peer=self._peer, pool_slots=num_slots, num_descs=len(descs))
         return True
 
     def read(self, block_ids: Sequence[int], slots: Sequence[int]) -> None:

@@ -117,41 +117,32 @@ class SyncTierClient:
         return out
 
     def lookup_slots(self, block_hashes: Sequence[int], block_bytes: int,
-                     timeout_s: float) -> tuple[list[TierBlock], str]:
-        """The leading run for a NIXL load: host blocks as pool slots (checksums to verify after the READ),
-        disk blocks inline (verified here), and the NIXL agent owning the slots. Fewer on any failure."""
+                     timeout_s: float) -> tuple[list[TierBlock], str, bool]:
+        """One NIXL lookup: the leading run's blocks as pool slots (host blocks, or disk blocks kvtier read into
+        bounce slots: checksums to verify after the READ) or inline bytes (verified here), the NIXL agent owning
+        the slots, and whether kvtier stopped at a cap (READ these before asking for the rest: bounce slots get
+        reused). ([], "", False) on any failure."""
         if not block_hashes or self._is_down():
-            return [], ""
-        out: list[TierBlock] = []
-        agent = ""
-        deadline = time.monotonic() + timeout_s
+            return [], "", False
         try:
-            while len(out) < len(block_hashes):
-                rest = tuple(block_hashes[len(out):])
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise TransportTimeout("lookup deadline")
-                reply = self._request_main(TierLookup(request_id=new_id("tn"), block_hashes=rest, host_slots=True),
-                                           remaining_s)
-                if not isinstance(reply, TierBlocks) or (agent and reply.nixl_agent != agent):
-                    break
-                agent = reply.nixl_agent
-                good = 0
-                for expected, block in zip(rest, reply.blocks):
-                    inline_ok = (block.slot >= 0 and not block.data) or (
-                        len(block.data) == block_bytes and checksum(block.data) == block.checksum)
-                    if block.block_hash != expected or block.size != block_bytes or not inline_ok:
-                        self.num_bad_blocks += 1
-                        log.warning("tier_block_rejected", block_hash=block.block_hash, size=block.size)
-                        break
-                    out.append(block)
-                    good += 1
-                if good < len(reply.blocks) or not reply.truncated or not reply.blocks:
-                    break
+            reply = self._request_main(TierLookup(request_id=new_id("tn"), block_hashes=tuple(block_hashes),
+                                                  host_slots=True), timeout_s)
         except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
             self._failed("lookup", exc)
+            return [], "", False
+        if not isinstance(reply, TierBlocks):
+            return [], "", False
+        out: list[TierBlock] = []
+        for expected, block in zip(block_hashes, reply.blocks):
+            inline_ok = (block.slot >= 0 and not block.data) or (
+                len(block.data) == block_bytes and checksum(block.data) == block.checksum)
+            if block.block_hash != expected or block.size != block_bytes or not inline_ok:
+                self.num_bad_blocks += 1
+                log.warning("tier_block_rejected", block_hash=block.block_hash, size=block.size)
+                break
+            out.append(block)
         self.num_fetched += len(out)
-        return out, agent
+        return out, reply.nixl_agent, reply.truncated and len(out) == len(reply.blocks) > 0
 
     def stats(self, timeout_s: float = 1.0) -> TierStats | None:
         if self._is_down():

@@ -32,7 +32,6 @@ Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_se
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,6 +49,7 @@ from common.hashing import block_hashes
 from services.worker.kv_layout import KvLayout
 from services.worker.tier_client import TierClientConfig
 from services.worker.tier_plan import BlockPlan, RequestState, load_plan, max_loadable_blocks, save_plan
+from services.worker.tier_loader import TierLoader
 from services.worker.tier_nixl import NixlOnboarder
 from services.worker.tier_sync_client import SyncTierClient
 
@@ -96,8 +96,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self._num_blocks = int(kv_cache_config.num_blocks)
         self._layout: KvLayout | None = None
         self._nixl: NixlOnboarder | None = None
-        self._nixl_checked_s = -1e9  # last time kvtier was asked for its NIXL pool
-        self._phases: dict[str, float] = {}
+        self._loader: TierLoader | None = None
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # loads that failed this step: their computed blocks are suspect
         self.num_loaded_blocks = 0
@@ -188,6 +187,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
                 self._nixl = NixlOnboarder(self._layout, self.worker_id)
             except Exception as exc:  # registration refused: inline bytes only
                 log.warning("kvtier_nixl_unavailable", error=repr(exc))
+        self._loader = TierLoader(self._layout, self.client, self._nixl, self.fetch_timeout_s)
         log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()],
                  num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes,
                  endpoint=self.client.config.endpoint,
@@ -202,9 +202,12 @@ class SplitserveTierConnector(KVConnectorBase_V1):
 
     def _load(self, plan: BlockPlan) -> None:
         began = time.perf_counter()
-        via = "nixl" if self._nixl_ready() else "inline"
+        loader = self._loader
+        assert loader is not None
+        loader.phases = {}
+        via = "nixl" if loader.nixl_ready() else "inline"
         try:
-            num_ok = self._load_nixl(plan) if via == "nixl" else self._load_inline(plan)
+            num_ok = loader.load_nixl(plan) if via == "nixl" else loader.load_inline(plan)
         except Exception:  # a bug of ours must cost a recompute, not the engine
             log.exception("kvtier_load_failed", req_id=plan.req_id)
             num_ok = 0
@@ -220,84 +223,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         seconds = time.perf_counter() - began
         log.info("kvtier_loaded", worker_id=self.worker_id, req_id=plan.req_id, via=via, num_blocks=num_ok,
                  num_bytes=num_ok * block_bytes, ms=round(seconds * 1e3, 3),
-                 gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3),
-                 **self._phases)
-        self._phases = {}
-
-    def _load_inline(self, plan: BlockPlan) -> int:
-        layout = self._layout
-        if layout is None:
-            return 0
-        got = self.client.fetch(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
-        if got:
-            data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
-            layout.unpack(plan.block_ids[:len(got)], data)
-        return len(got)
-
-    def _load_nixl(self, plan: BlockPlan) -> int:
-        """Host blocks by NIXL READ, disk blocks inline; the leading run whose checksums hold."""
-        layout, nixl = self._layout, self._nixl
-        assert layout is not None and nixl is not None
-        t0 = time.perf_counter()
-        blocks, agent = self.client.lookup_slots(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
-        if agent != nixl.peer_name and any(b.slot >= 0 for b in blocks):
-            # kvtier restarted (another agent, another pool): learn the new one, or use none of these slots.
-            nixl.disconnect()
-            self._nixl_checked_s = -1e9
-            if not self._nixl_ready() or agent != nixl.peer_name:
-                blocks = list(itertools.takewhile(lambda b: b.slot < 0, blocks))
-        pairs = [(bid, b.slot) for bid, b in zip(plan.block_ids, blocks) if b.slot >= 0]
-        read_ok = True
-        t1 = time.perf_counter()
-        if pairs:
-            try:
-                nixl.read([bid for bid, _ in pairs], [slot for _, slot in pairs])
-            except Exception as exc:  # kvtier gone or restarted: inline until it offers its pool again
-                log.warning("kvtier_nixl_read_failed", error=repr(exc), num_blocks=len(pairs))
-                nixl.disconnect()
-                read_ok = False
-        t2 = time.perf_counter()
-        inline = [(bid, b.data) for bid, b in zip(plan.block_ids, blocks) if b.slot < 0]
-        if inline:
-            data = torch.frombuffer(bytearray(b"".join(d for _, d in inline)), dtype=torch.uint8)
-            layout.unpack([bid for bid, _ in inline], data.view(len(inline), layout.block_bytes))
-        num_ok = len(blocks)
-        for i, (bid, block) in enumerate(zip(plan.block_ids, blocks)):
-            if block.slot >= 0 and not (read_ok and nixl.checksum(bid) == block.checksum):
-                log.warning("kvtier_block_bad_after_read", block_hash=block.block_hash, slot=block.slot)
-                num_ok = i
-                break
-        # ms per phase, and how many blocks were READ (the rest came inline from disk), for the load's log line.
-        self._phases = {"lookup_ms": round((t1 - t0) * 1e3, 3), "read_ms": round((t2 - t1) * 1e3, 3),
-                        "verify_ms": round((time.perf_counter() - t2) * 1e3, 3), "num_read": len(pairs)}
-        return num_ok
-
-    def _fetch_timeout_s(self, plan: BlockPlan) -> float:
-        """The engine step waits for a load: 0.5 s plus the blocks' bytes at 0.5 GB/s (a slow kvtier costs a
-        recompute soon), at most ``fetch_timeout_s``."""
-        num_bytes = len(plan.block_ids) * (self._layout.block_bytes if self._layout else 0)
-        return min(self.fetch_timeout_s, 0.5 + num_bytes / 0.5e9)
-
-    def _nixl_ready(self) -> bool:
-        """NIXL READs possible: our agent works and kvtier's pool is known (asked again every 2 s until it is)."""
-        nixl = self._nixl
-        if nixl is None or not nixl.usable:
-            return False
-        if not nixl.connected and time.monotonic() - self._nixl_checked_s > 2.0:
-            self._nixl_checked_s = time.monotonic()
-            stats = self.client.stats()
-            if stats is not None and self._layout is not None and stats.block_bytes != self._layout.block_bytes:
-                # kvtier's slots are sized for another model or dtype: it refuses bigger blocks; smaller ones
-                # would fit but never match (every load checks the size). Say so: nothing will be shared.
-                log.warning("kvtier_block_bytes_mismatch", kvtier_block_bytes=stats.block_bytes,
-                            block_bytes=self._layout.block_bytes)
-            try:
-                if stats is not None:
-                    nixl.connect(stats)
-            except Exception as exc:  # a peer NIXL cannot reach: inline bytes still work
-                log.warning("kvtier_nixl_connect_failed", error=repr(exc))
-                nixl.disconnect()
-        return nixl.connected
+                 gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3), **loader.phases)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the forward

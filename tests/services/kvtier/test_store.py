@@ -119,3 +119,24 @@ def test_lookup_slots_hands_out_host_slots_and_disk_bytes(tmp_path) -> None:
         assert out == [] and not truncated and store.index.counters.misses == 1
     finally:
         store.close()
+
+
+def test_lookup_slots_reads_disk_blocks_into_bounce_slots(tmp_path, nixl) -> None:
+    store = BlockStore("b", host_bytes=2 * BLOCK, block_bytes=BLOCK, disk_bytes=4 * BLOCK, disk_dir=tmp_path,
+                       disk_min_hits=0, nixl=nixl, num_bounce=2)
+    try:
+        assert store.pool.registered and (store.pool.num_slots, store.pool.total_slots) == (2, 4)
+        store.store(_blocks(1, 2, 3, 4))  # 1, 2 -> disk; 3, 4 on host
+        out, truncated = store.lookup_slots([1, 2, 3, 4])
+        assert [(b.block_hash, b.tier, b.slot, b.data) for b in out] == [
+            (1, "disk", 2, b""), (2, "disk", 3, b""), (3, "host", store.index.get(3).slot, b""),
+            (4, "host", store.index.get(4).slot, b"")]
+        assert not truncated
+        assert store.pool.read(2, BLOCK) == _payload(1) and store.pool.read(3, BLOCK) == _payload(2)
+        store.store(_blocks(5, 6))  # 3, 4 -> disk as well: 4 disk blocks, 2 bounce slots
+        out, truncated = store.lookup_slots([1, 2, 3, 4])
+        assert [b.block_hash for b in out] == [1, 2] and truncated  # READ these, then ask for the rest
+        out, _ = store.lookup_slots([3, 4])
+        assert [b.slot for b in out] == [2, 3] and store.pool.read(2, BLOCK) == _payload(3)
+    finally:
+        store.close()

@@ -54,7 +54,8 @@ def test_read_pool_slots_into_kv_blocks_and_verify(kvtier: KvTierService) -> Non
         deadline = time.monotonic() + 5
         while client.num_stored < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        blocks, agent = client.lookup_slots([100, 101, 102], src.block_bytes, 2.0)
+        blocks, agent, truncated = client.lookup_slots([100, 101, 102], src.block_bytes, 2.0)
+        assert not truncated
         assert agent == onboarder.peer_name != ""
         assert [b.slot >= 0 and not b.data for b in blocks] == [True] * 3
         onboarder.read([5, 0, 4], [b.slot for b in blocks])  # source blocks 1, 2, 3 -> our 5, 0, 4
