@@ -11,16 +11,17 @@ Scheduler side (vLLM's engine-core process):
   blocks it computed itself (``tier_plan``).
 
 Worker side (the model-runner process): ``register_kv_caches`` fixes the packing (``kv_layout``);
-``start_load_kv`` fetches the planned blocks from kvtier, checks every block's xxh3 checksum and size, and
-copies them into the KV cache. Blocks that do not arrive intact are reported by
+``start_load_kv`` puts the planned blocks into the KV cache and checks every block's xxh3 checksum and size
+(``tier_loader``). Blocks that do not arrive intact are reported by
 ``get_block_ids_with_load_errors``; with ``kv_load_failure_policy="recompute"`` vLLM recomputes from the first
 of them, so a bad or missing block costs time, never a wrong token. ``wait_for_save`` packs the blocks to write
 through (one copy, while they are still this request's) and queues them for a background thread.
 
-Data path. Load: ``transfer="nixl"`` (default) READs host-pool blocks straight into the KV cache with NIXL
-(``tier_nixl``; the lookup answers slots and checksums, verified after the READ) and takes disk blocks inline;
-``"inline"``, or no NIXL on either side (kvtier registers its pool seconds after it starts), moves every block as
-bytes in ZeroMQ messages. Save: always inline bytes (``TierStore``).
+Data path. Load: ``transfer="nixl"`` (default) READs blocks straight from kvtier's registered pool into the KV
+cache with NIXL (``tier_nixl``): host blocks from their slots, disk blocks from bounce slots kvtier reads them
+into; the lookup answers slots and checksums, verified after the READ. ``"inline"``, or no NIXL on either side
+(kvtier registers its pool seconds after it starts), moves every block as bytes in ZeroMQ messages. Save:
+always bytes in ZeroMQ messages (``TierStore``).
 
 Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the packing, the NIXL registration
 ("DRAM") and the in-place checksums would need device-aware versions (VRAM descriptors, a host bounce for xxh3).
