@@ -1,20 +1,16 @@
 """The seam where block bytes cross between a worker and kvtier's pool.
 
-Today: ``InlineTransfer``. A ``TierStore`` carries each block's bytes in ``TierBlock.data`` (msgpack bin);
-kvtier checks size and xxh3_64 checksum and copies them into a host-pool slot. A ``TierBlocks`` reply
-carries the bytes read from host slots (or the disk tier) inline.
+``InlineTransfer``: a ``TierStore`` carries each block's bytes in ``TierBlock.data`` (msgpack bin); kvtier checks
+size and xxh3_64 checksum and copies them into a host-pool slot. A ``TierBlocks`` reply to a plain
+``TierLookup`` carries the bytes read from host slots (or the disk tier) inline. The mock engine uses only this;
+vLLM workers use it for stores (write-through) and when NIXL is unavailable.
 
-Later (the vLLM KV connector): a NIXL transfer of the same layout. The pool is one registered buffer of
-fixed ``block_bytes`` slots (``HostPool.addr(slot)``), and a block is addressed by its chained hash, so:
-
-* store: the worker sends ``TierStore`` with ``data`` empty plus its NIXL agent metadata and the address of
-  each block in its registered KV memory; kvtier allocates slots (``TierIndex.store``) and READs into them
-  with one prepared descriptor list (coalescing adjacent slots), then verifies checksums and acks.
-* load: kvtier answers ``TierLookup`` with slot addresses of its pool (and pins those slots until a
-  ``release`` or a timeout: eviction must not reuse a slot being read); the worker READs them with NIXL
-  into its own KV blocks and verifies checksums before the engine uses them.
-
-Everything above this module (index, eviction, events, checksums, router credit) stays as it is.
+NIXL (vLLM workers, ``services/worker/tier_loader.py``): the pool is one registered buffer of fixed
+``block_bytes`` slots (``HostPool.addr(slot)``), so a ``TierLookup(host_slots=True)`` reply names slots instead of
+carrying bytes: host blocks' own slots, and bounce slots (past the host tier's) that kvtier has just read disk
+blocks into. The worker READs them with NIXL straight into its KV cache (its agent learns the pool from
+``TierStats``) and verifies each block's checksum there. Slots are not pinned: a slot reused under a READ fails its
+checksum and costs a recompute. Stores by NIXL (kvtier READing from workers) are not built.
 """
 
 from __future__ import annotations
