@@ -253,8 +253,8 @@ class KvSnapshot(_Msg, frozen=True):
 # ``RegisterAck`` with the events endpoint), heartbeats with ``Heartbeat(worker_id=tier_id)``, publishes
 # ``KvEvents`` with tier "host"/"disk" under its tier id, and answers ``KvSnapshotRequest``. Workers store
 # blocks (``TierStore`` -> ``TierStored``) and load the leading run of a prompt's blocks (``TierLookup`` ->
-# ``TierBlocks``). Today the bytes travel inline (msgpack bin); a NIXL path replaces ``data`` with
-# descriptors of kvtier's registered pool (see services/kvtier/transfer.py).
+# ``TierBlocks``). Stores carry bytes inline (msgpack bin); lookups carry them inline too, or, with
+# ``host_slots``, name slots of kvtier's registered pool for the worker to READ with NIXL (services/kvtier/transfer.py).
 
 
 class RegisterTier(_Msg, frozen=True):
