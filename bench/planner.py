@@ -137,7 +137,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0.75, help="requests/s, the same in every phase")
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--ttft-ms", type=float, default=4000.0)
-    ap.add_argument("--itl-ms", type=float, default=30.0, help="per-request TPOT bound, and the planner's ITL SLO")
+    ap.add_argument("--itl-ms", type=float, default=25.0, help="per-request TPOT bound, and the planner's ITL SLO")
     ap.add_argument("--interval-s", type=float, default=2.0)
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--max-prefill", type=int, default=3)

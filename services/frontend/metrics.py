@@ -13,6 +13,10 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04
                       30.0)
 
 
+_ISL_BUCKETS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+                65536, 131072)
+
+
 class FrontendMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -25,10 +29,11 @@ class FrontendMetrics:
                                      buckets=_LATENCY_BUCKETS_S, registry=r)
         self.e2e_seconds = Histogram("splitserve_frontend_request_seconds", "Request latency, end to end",
                                      buckets=_LATENCY_BUCKETS_S, registry=r)
-        # Counted when a request arrives (the planner reads the incoming mix, not only what finished).
-        self.arrivals = Counter("splitserve_frontend_arrivals", "Generate requests received", registry=r)
-        self.arrival_prompt_tokens = Counter("splitserve_frontend_arrival_prompt_tokens",
-                                             "Prompt tokens of the requests received", registry=r)
+        # Counted when a request arrives: the planner reads the incoming mix (rate, ISL distribution), not only
+        # what finished. Buckets in tokens; _count is the arrivals, _sum their prompt tokens.
+        self.arrival_prompt_tokens = Histogram("splitserve_frontend_arrival_prompt_tokens",
+                                               "Prompt tokens of the requests received", buckets=_ISL_BUCKETS,
+                                               registry=r)
         self.prompt_tokens = Counter("splitserve_frontend_prompt_tokens", "Prompt tokens", registry=r)
         self.cached_tokens = Counter("splitserve_frontend_cached_prompt_tokens",
                                      "Prompt tokens served from a prefix cache", registry=r)

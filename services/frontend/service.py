@@ -205,8 +205,7 @@ class FrontendService:
         num_cached = 0
         finish = "length"
         last_s = 0.0
-        self.metrics.arrivals.inc()
-        self.metrics.arrival_prompt_tokens.inc(len(token_ids))
+        self.metrics.arrival_prompt_tokens.observe(len(token_ids))
         self.metrics.inflight.inc()
         try:
             gen = self.pipeline.generate(shape.id, body.model, token_ids, sampling)

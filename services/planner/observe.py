@@ -22,8 +22,9 @@ _E2E = "splitserve_frontend_request_seconds"
 _PROMPT = "splitserve_frontend_prompt_tokens"
 _OUTPUT = "splitserve_frontend_output_tokens"
 _INFLIGHT = "splitserve_frontend_inflight_requests"
-_ARRIVALS = "splitserve_frontend_arrivals"
-_ARRIVAL_PROMPT = "splitserve_frontend_arrival_prompt_tokens"
+_ISL = "splitserve_frontend_arrival_prompt_tokens"
+# At most this many ISL samples per observation (the plan's cost is linear in them).
+MAX_ISL_SAMPLES = 512
 
 Buckets = tuple[tuple[float, float], ...]  # (upper bound s, cumulative count), ascending, last = +Inf
 
@@ -38,13 +39,13 @@ class FrontendSnapshot:
     prompt_tokens: float
     output_tokens: float
     inflight: float
-    arrivals: float = 0.0
-    arrival_prompt_tokens: float = 0.0
+    isl: Buckets = ()  # prompt tokens of arrivals: (upper bound, cumulative count); _count = arrivals
+    isl_sum: float = 0.0
 
 
 def parse_metrics(text: str) -> FrontendSnapshot:
-    buckets: dict[str, dict[float, float]] = {_TTFT: {}, _ITL: {}}
-    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0, _ARRIVALS: 0.0, _ARRIVAL_PROMPT: 0.0}
+    buckets: dict[str, dict[float, float]] = {_TTFT: {}, _ITL: {}, _ISL: {}}
+    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0, _ISL: 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -54,13 +55,14 @@ def parse_metrics(text: str) -> FrontendSnapshot:
                 hist[le] = hist.get(le, 0.0) + sample.value
             elif name == _E2E + "_count":
                 values[_E2E] += sample.value
-            elif name in (_PROMPT + "_total", _OUTPUT + "_total", _ARRIVALS + "_total", _ARRIVAL_PROMPT + "_total",
-                          _INFLIGHT):
+            elif name == _ISL + "_sum":
+                values[_ISL] += sample.value
+            elif name in (_PROMPT + "_total", _OUTPUT + "_total", _INFLIGHT):
                 values[name.removesuffix("_total")] += sample.value
     return FrontendSnapshot(
         ttft=tuple(sorted(buckets[_TTFT].items())), itl=tuple(sorted(buckets[_ITL].items())),
         num_finished=values[_E2E], prompt_tokens=values[_PROMPT], output_tokens=values[_OUTPUT],
-        inflight=values[_INFLIGHT], arrivals=values[_ARRIVALS], arrival_prompt_tokens=values[_ARRIVAL_PROMPT])
+        inflight=values[_INFLIGHT], isl=tuple(sorted(buckets[_ISL].items())), isl_sum=values[_ISL])
 
 
 def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
@@ -77,8 +79,7 @@ def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
                             num_finished=sum(s.num_finished for s in snaps),
                             prompt_tokens=sum(s.prompt_tokens for s in snaps),
                             output_tokens=sum(s.output_tokens for s in snaps), inflight=sum(s.inflight for s in snaps),
-                            arrivals=sum(s.arrivals for s in snaps),
-                            arrival_prompt_tokens=sum(s.arrival_prompt_tokens for s in snaps))
+                            isl=add([s.isl for s in snaps]), isl_sum=sum(s.isl_sum for s in snaps))
 
 
 def bucket_delta(now: Buckets, before: Buckets) -> Buckets:
@@ -106,6 +107,25 @@ def quantile(buckets: Buckets, q: float) -> float | None:
     return lower_le
 
 
+def bucket_samples(buckets: Buckets, max_samples: int) -> tuple[int, ...]:
+    """Equally weighted samples of a histogram, each at its bucket's upper bound (a conservative ISL: the
+    prefill it predicts is never shorter); at most ``max_samples``, in proportion. +Inf counts as the largest
+    finite bound."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return ()
+    scale = min(1.0, max_samples / total)
+    out: list[int] = []
+    prev_count, last_finite = 0.0, 0.0
+    for le, count in buckets:
+        value = last_finite if math.isinf(le) else le
+        last_finite = value
+        n = round((count - prev_count) * scale)
+        out.extend([int(value)] * n)
+        prev_count = count
+    return tuple(out)
+
+
 def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, workers: WorkerList) -> Observation:
     finished = now.num_finished - before.num_finished
     ttft_p90 = quantile(bucket_delta(now.ttft, before.ttft), 0.9)
@@ -119,12 +139,14 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
     def mean(xs: Sequence[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
-    arrivals = now.arrivals - before.arrivals
+    isl = bucket_delta(now.isl, before.isl)
+    arrivals = isl[-1][1] if isl else 0.0
     return Observation(
         duration_s=duration_s, num_finished=int(finished),
         arrival_rate_rps=arrivals / duration_s if duration_s > 0 else 0.0,
         # ISL of what arrives (the mix the pools are about to see); OSL of what finished (known only then).
-        isl_mean=(now.arrival_prompt_tokens - before.arrival_prompt_tokens) / arrivals if arrivals > 0 else None,
+        isl_mean=(now.isl_sum - before.isl_sum) / arrivals if arrivals > 0 else None,
+        isl_samples=bucket_samples(isl, MAX_ISL_SAMPLES),
         osl_mean=(now.output_tokens - before.output_tokens) / finished if finished > 0 else None,
         ttft_p90_ms=None if ttft_p90 is None else ttft_p90 * 1e3,
         itl_p90_ms=None if itl_p90 is None else itl_p90 * 1e3,

@@ -506,14 +506,18 @@ def plan(timing: TimingModel, workload: Workload, slo: Slo, options: PlanOptions
 
 def prefill_workers_for_quantile(timing: TimingModel, isl: Sequence[int], rate: float, ttft_s: float, q: float,
                                  max_workers: int) -> int | None:
-    """Fewest prefill workers whose TTFT ``q``-quantile (prefill + M/G/1 wait quantile) is within ``ttft_s``;
-    0 for no traffic; None when no count up to ``max_workers`` is."""
+    """Fewest prefill workers whose TTFT ``q``-quantile is within ``ttft_s``; 0 for no traffic; None when no
+    count up to ``max_workers`` is. TTFT_q is taken as ``P_q + W_q`` (the prefill time's and the M/G/1 wait's
+    quantiles: at least the quantile of their sum, so conservative); with a few long prompts among short
+    ones, ``P_q`` is a long prompt's."""
     if rate <= 0 or not isl:
         return 0
     mean_s, second_s2 = prefill_moments(timing, isl)
-    if mean_s >= ttft_s:
+    times = sorted(timing.prefill_s(n) for n in isl)
+    p_q = times[min(len(times) - 1, math.ceil(q * len(times)) - 1)]
+    if p_q >= ttft_s:
         return None
-    return smallest_workers(lambda n: mean_s + mg1_wait_quantile_s(rate / n, mean_s, second_s2, q) <= ttft_s,
+    return smallest_workers(lambda n: p_q + mg1_wait_quantile_s(rate / n, mean_s, second_s2, q) <= ttft_s,
                             1, max_workers)
 
 

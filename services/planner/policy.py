@@ -45,6 +45,9 @@ class Observation:
     decode_waiting: float = 0.0
     decode_kv_usage: float = 0.0  # mean used share of decode workers' KV blocks, 0..1
     end_s: float = 0.0  # monotonic time the window ends
+    # Prompt lengths of the window's arrivals (equally weighted, at histogram bucket bounds): the model plans
+    # for the distribution, since a few long prompts among short ones set the prefill pool's p90.
+    isl_samples: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,14 +64,15 @@ def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, o
     """
     if obs.isl_mean is None or obs.osl_mean is None or obs.arrival_rate_rps <= 0:
         return None
-    isl = max(1, round(obs.isl_mean))
-    workload = Workload.of(isl, max(1, round(obs.osl_mean)), rate=obs.arrival_rate_rps)
-    disagg = plan_disaggregated(timing, workload, config.slo, obs.arrival_rate_rps, options)
+    isl = obs.isl_samples or (max(1, round(obs.isl_mean)),)
+    rate = obs.arrival_rate_rps
+    disagg = plan_disaggregated(timing, Workload.of(isl, max(1, round(obs.osl_mean)), rate=rate), config.slo, rate,
+                                options)
     if not disagg.feasible or disagg.prefill is None or disagg.decode is None:
         return None
-    num_prefill = (prefill_workers_for_quantile(timing, [isl], obs.arrival_rate_rps, config.slo.ttft_ms / 1e3, 0.9,
-                                                config.max_prefill)
-                   if disagg.prefill.workers else 0)
+    remote = [n for n in isl if n > disagg.local_prefill_max_tokens]
+    num_prefill = prefill_workers_for_quantile(timing, remote, rate * len(remote) / len(isl), config.slo.ttft_ms / 1e3,
+                                               0.9, config.max_prefill)
     return ModelTarget(num_prefill=config.max_prefill if num_prefill is None else num_prefill,
                        num_decode=disagg.decode.workers)
 

@@ -25,10 +25,10 @@ def test_quantile_like_prometheus(buckets, q, expected) -> None:
 
 
 def _frontend(ttfts: list[float], itls: list[float], num_prompt: int, num_output: int, inflight: int,
-              arrivals: int = 0, arrival_tokens: int = 0) -> str:
+              isls: list[int] = ()) -> str:
     m = FrontendMetrics()
-    m.arrivals.inc(arrivals)
-    m.arrival_prompt_tokens.inc(arrival_tokens)
+    for n in isls:
+        m.arrival_prompt_tokens.observe(n)
     for t in ttfts:
         m.observe_ttft(t)
         m.e2e_seconds.observe(t + 1)
@@ -41,11 +41,11 @@ def _frontend(ttfts: list[float], itls: list[float], num_prompt: int, num_output
 
 
 def test_observe_two_scrapes_of_two_frontends() -> None:
-    before = merge([parse_metrics(_frontend([0.3] * 4, [0.02] * 10, 400, 40, 2, 6, 600)),
+    before = merge([parse_metrics(_frontend([0.3] * 4, [0.02] * 10, 400, 40, 2, [100] * 6)),
                     parse_metrics(_frontend([], [], 0, 0, 0))])
     now = merge([parse_metrics(_frontend([0.3] * 4 + [0.9] * 10, [0.02] * 10 + [0.055] * 100, 400 + 20480, 40 + 640, 5,
-                                         6 + 12, 600 + 12 * 4096)),
-                 parse_metrics(_frontend([0.9] * 10, [0.055] * 100, 20480, 640, 1, 12, 12 * 4096))])
+                                         [100] * 6 + [4096] * 12)),
+                 parse_metrics(_frontend([0.9] * 10, [0.055] * 100, 20480, 640, 1, [4096] * 12))])
     assert now.num_finished == 24 and now.inflight == 6
     info = lambda wid, role: WorkerInfo(worker_id=wid, role=role, model="m", block_size=32, num_blocks=100,  # noqa: E731
                                         endpoint="tcp://127.0.0.1:1")
@@ -60,12 +60,24 @@ def test_observe_two_scrapes_of_two_frontends() -> None:
     # Rate and ISL from arrivals (24 new, 4,096 tokens each), OSL from the 20 that finished.
     assert obs.arrival_rate_rps == pytest.approx(24 / 10)
     assert (obs.isl_mean, obs.osl_mean) == (4096, 64)
+    assert obs.isl_samples == (4096,) * 24
     # Every new TTFT is 0.9 s: inside the (0.75, 1.0] bucket, interpolated at rank 18 of 20.
     assert obs.ttft_p90_ms == pytest.approx(750 + 250 * 18 / 20)
     assert obs.itl_p90_ms == pytest.approx(50 + 10 * 180 / 200)
     # The draining decode worker is neither counted nor averaged.
     assert (obs.num_prefill, obs.num_decode) == (2, 1)
     assert (obs.prefill_waiting, obs.decode_waiting, obs.decode_kv_usage) == (2.0, 1.0, pytest.approx(0.8))
+
+
+@pytest.mark.parametrize("buckets, max_samples, expected", [
+    (((512.0, 2.0), (2048.0, 5.0), (math.inf, 6.0)), 100, (512, 512, 2048, 2048, 2048, 2048)),
+    (((512.0, 200.0), (2048.0, 400.0), (math.inf, 400.0)), 4, (512, 512, 2048, 2048)),
+    (((512.0, 0.0), (math.inf, 0.0)), 10, ()),
+])
+def test_bucket_samples(buckets, max_samples, expected) -> None:
+    from services.planner.observe import bucket_samples
+
+    assert bucket_samples(buckets, max_samples) == expected
 
 
 def test_bucket_delta() -> None:

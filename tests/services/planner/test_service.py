@@ -56,3 +56,8 @@ def test_model_target_from_timing() -> None:
     assert small is not None and large is not None
     assert large.num_prefill > small.num_prefill
     assert model_target(timing, replace(OBS, isl_mean=None), cfg, _service().config.plan_options) is None
+    # A third of the arrivals are long: sized for that mix, more than for its mean ISL alone.
+    mix = replace(OBS, isl_mean=1024, arrival_rate_rps=1.2, isl_samples=(512, 512, 2048) * 10)
+    flat = replace(mix, isl_samples=())
+    opts = _service().config.plan_options
+    assert model_target(timing, mix, cfg, opts).num_prefill > model_target(timing, flat, cfg, opts).num_prefill
