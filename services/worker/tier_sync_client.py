@@ -47,6 +47,7 @@ class SyncTierClient:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None  # the caller's thread
         self._down_until = 0.0
+        self._num_failed_in_row = 0
         self._pending: deque[tuple[int, bytes]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -247,7 +248,9 @@ class SyncTierClient:
         if self._sock is None:
             self._sock = self._socket()
         try:
-            return _request(self._sock, msg, timeout_s)
+            reply = _request(self._sock, msg, timeout_s)
+            self._answered()
+            return reply
         except (TransportTimeout, zmq.ZMQError):
             self._sock.close(linger=0)  # a fresh socket next time: no stale reply can match
             self._sock = None
@@ -257,10 +260,17 @@ class SyncTierClient:
         return time.monotonic() < self._down_until
 
     def _failed(self, what: str, exc: BaseException) -> None:
+        """Back off; the wait doubles per failure in a row (up to 8x): a probe that times out stalls vLLM's
+        scheduler for its timeout, so a dead kvtier must cost that rarely, not once a second."""
         self.num_failures += 1
+        self._num_failed_in_row = min(self._num_failed_in_row + 1, 4)
+        backoff_s = self.config.backoff_s * 2 ** (self._num_failed_in_row - 1)
         if not self._is_down():
-            log.warning("kvtier_unavailable", what=what, error=repr(exc), backoff_s=self.config.backoff_s)
-        self._down_until = time.monotonic() + self.config.backoff_s
+            log.warning("kvtier_unavailable", what=what, error=repr(exc), backoff_s=backoff_s)
+        self._down_until = time.monotonic() + backoff_s
+
+    def _answered(self) -> None:
+        self._num_failed_in_row = 0
 
 
 def _request(sock: zmq.Socket, msg: Message, timeout_s: float) -> Message:

@@ -87,5 +87,7 @@ def test_dead_kvtier_answers_nothing_fast_and_backs_off() -> None:
         assert time.monotonic() - began < 0.05
         client.store([(1, _block(1))])
         assert client.num_dropped == 1 and client.num_failures == 1
+        client._down_until = 0.0  # the backoff is over: the next failure backs off twice as long
+        assert client.probe([1]) == 0 and client._down_until - time.monotonic() > 5.0
     finally:
         client.close()
