@@ -135,10 +135,10 @@ def _ratio(summary: dict[str, Any], reference: float | None) -> float | None:
     return round(summary["median"] / reference, 3) if reference and summary.get("n") else None
 
 
-def loads_from_log(text: str) -> list[dict[str, Any]]:
+def loads_from_log(text: str, event: str = "kvtier_loaded") -> list[dict[str, Any]]:
     out = []
     for line in text.splitlines():
-        if "kvtier_loaded" in line:
+        if event in line:
             fields = dict(_KV.findall(line))
             out.append({k: (v if k in ("via", "req_id", "worker_id") else float(v)) for k, v in fields.items()})
     return out
@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stats = tier_stats(endpoint)
     finally:
         graph.stop()
-    loads = loads_from_log(graph.log_path.read_text(errors="replace"))
+    log_text = graph.log_path.read_text(errors="replace")
+    loads = loads_from_log(log_text)
+    saves = loads_from_log(log_text, "kvtier_write_through")
     # Host loads come first in each round, disk loads last: split by order (every load READs all its blocks).
     nixl_loads = [x for x in loads if x.get("via") == "nixl" and x.get("num_read") == x.get("num_blocks") > 0]
     host_loads, disk_loads = nixl_loads[0::2], nixl_loads[1::2]
@@ -213,6 +215,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "load_vs_raw": _ratio(load_gbps, raw_gbps), "read_vs_raw": _ratio(read_gbps, raw_gbps),
                             "loads": host_loads},
         "onboarding_disk": {"load_gbps": _summary([x["gbps"] for x in disk_loads]), "loads": disk_loads},
+        # The engine step's share of a write-through: packing the prompt's blocks (the send is asynchronous).
+        "write_through_ms": {"prompt": _summary([x["ms"] for x in saves if x["num_blocks"] == num_blocks_p]),
+                             "filler": _summary([x["ms"] for x in saves if x["num_blocks"] != num_blocks_p])},
         "samples": samples,
         "tier_stats": {k: getattr(stats, k) for k in ("host_slots", "disk_slots", "hits_host", "hits_disk",
                                                        "demotions", "checksum_failures", "disk_io", "nixl")},

@@ -28,11 +28,12 @@ Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the p
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
-``fetch_timeout_s`` (default 5).
+``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self.client = SyncTierClient(TierClientConfig(
             endpoint=str(extra["kvtier_endpoint"]), worker_id=str(extra.get("worker_id", "vllm")),
             lookup_timeout_s=float(extra.get("lookup_timeout_s", 0.1)),
-            max_pending_blocks=int(extra.get("max_pending_blocks", 1024))))
+            max_pending_blocks=1024))
+        # Bytes of write-through blocks waiting for kvtier, at most (the oldest are dropped beyond).
+        self.max_pending_bytes = int(extra.get("max_pending_mib", 64)) * 1024 * 1024
         # Scheduler side.
         self._requests: dict[str, tuple[Request, RequestState]] = {}
         # Worker side.
@@ -183,6 +186,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._layout = KvLayout.from_kv_caches(kv_caches, self._num_blocks)
+        # The block size is known now: cap the write-through queue in bytes (no socket is open yet).
+        self.client = SyncTierClient(dataclasses.replace(
+            self.client.config, max_pending_blocks=max(16, self.max_pending_bytes // self._layout.block_bytes)))
         if self.transfer == "nixl":
             try:
                 self._nixl = NixlOnboarder(self._layout, self.worker_id)
@@ -241,11 +247,16 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         for plan in meta.saves:
             if plan.req_id in self._failed_reqs:
                 continue  # computed on top of blocks that did not load: vLLM recomputes them, we skip them
+            began = time.perf_counter()
             try:
                 packed = self._layout.pack(plan.block_ids).numpy()
                 self.client.store([(h, packed[i].tobytes()) for i, h in enumerate(plan.block_hashes)])
             except Exception:  # a save is best effort: never the engine's failure
                 log.exception("kvtier_save_failed", req_id=plan.req_id)
+                continue
+            # The engine step waits for this copy (the blocks may be reused right after); the send does not.
+            log.info("kvtier_write_through", worker_id=self.worker_id, req_id=plan.req_id,
+                     num_blocks=len(plan.block_ids), ms=round((time.perf_counter() - began) * 1e3, 3))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
