@@ -105,14 +105,14 @@ class TierLoader:
         num_bytes = len(plan.block_ids) * self.layout.block_bytes
         return min(self.fetch_timeout_s, 0.5 + num_bytes / 0.5e9)
 
-    def nixl_ready(self) -> bool:
+    def nixl_ready(self, stats_timeout_s: float = 1.0) -> bool:
         """NIXL READs possible: our agent works and kvtier's pool is known (asked again every 2 s until it is)."""
         nixl = self.nixl
         if nixl is None or not nixl.usable:
             return False
         if not nixl.connected and time.monotonic() - self._checked_s > 2.0:
             self._checked_s = time.monotonic()
-            stats = self.client.stats()
+            stats = self.client.stats(stats_timeout_s)
             if stats is not None and stats.block_bytes != self.layout.block_bytes:
                 # kvtier's slots are sized for another model or dtype: it refuses bigger blocks; smaller ones
                 # would fit but never match (every load checks the size). Say so: nothing will be shared.

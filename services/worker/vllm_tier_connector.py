@@ -195,6 +195,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             except Exception as exc:  # registration refused: inline bytes only
                 log.warning("kvtier_nixl_unavailable", error=repr(exc))
         self._loader = TierLoader(self._layout, self.client, self._nixl, self.fetch_timeout_s)
+        # Learn kvtier's pool now (add_remote_agent + a descriptor list per slot: milliseconds), not in the first
+        # load; if kvtier is not up yet, the first load asks again.
+        self._loader.nixl_ready(stats_timeout_s=0.2)
         log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()],
                  num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes,
                  endpoint=self.client.config.endpoint,
