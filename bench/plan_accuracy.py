@@ -1,0 +1,141 @@
+"""bench/plan_accuracy: the planner's predicted TTFT and ITL vs what a real vLLM 1P + 1D graph measures.
+
+For each workload (fixed ISL/OSL, Poisson arrivals at a fixed rate) the plan (``services.planner.plan``, on
+``--profile``, a `splitserve profile` of the same model on this machine) predicts mean TTFT (prefill + M/G/1
+wait) and mean ITL (decode step at the steady batch) for the deployment it recommends; SLOs are set loose so
+that it recommends the 1 prefill + 1 decode graph that runs here. Then the graph serves the workload and the
+means are measured at the client. Error = (predicted - measured) / measured.
+
+    python bench/plan_accuracy.py                # ~6 minutes (100M model, bf16); JSON in bench/results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.lib.graph import LocalGraph  # noqa: E402
+from bench.lib.metrics import aggregate  # noqa: E402
+from bench.lib.report import git_info, machine, now_iso  # noqa: E402
+from bench.lib.runner import RequestParams, run_point  # noqa: E402
+from bench.lib.server import Target  # noqa: E402
+from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
+from services.planner.plan import Slo, Workload, options_from_profile, plan  # noqa: E402
+from services.planner.profile import load_profile, timing_fields  # noqa: E402
+from services.worker.mock.timing import TimingModel  # noqa: E402
+
+WORKLOADS = (
+    {"name": "prefill_heavy", "isl": 1024, "osl": 32, "rate_rps": 0.3},
+    {"name": "decode_heavy", "isl": 256, "osl": 256, "rate_rps": 0.25},
+)
+LOOSE_SLO = Slo(ttft_ms=20_000, itl_ms=150)
+
+
+def sessions_for(w: dict[str, Any], duration_s: float, seed: int) -> tuple[list[Session], list[float]]:
+    rng = random.Random(seed)
+    sessions, arrivals, t = [], [], 0.0
+    while True:
+        t += rng.expovariate(w["rate_rps"])
+        if t >= duration_s:
+            return sessions, arrivals
+        tokens = tuple(rng.randrange(16, 8000) for _ in range(w["isl"]))
+        sessions.append(Session(turns=(Turn(segments=(Segment("user", tokens),), osl=w["osl"]),)))
+        arrivals.append(t)
+
+
+def mean_ms(values: list[float]) -> float | None:
+    return sum(values) / len(values) * 1e3 if values else None
+
+
+def err(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or not measured:
+        return None
+    return round((predicted - measured) / measured, 4)
+
+
+async def measure(graph: LocalGraph, w: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    sessions, arrivals = sessions_for(w, args.duration_s, seed)
+    run = await run_point(Target.parse(f"http://127.0.0.1:{graph.port}"), sessions,
+                          RequestParams(model=args.model.name), arrivals_s=arrivals,
+                          max_duration_s=args.duration_s + 120, timeout_s=300)
+    timings = [s.timing() for s in run.sent]
+    ok = [t for t in timings if t.ok]
+    # Requests sent in the first warmup_s are the queue filling from empty: not the steady state planned for.
+    steady = [s.timing() for s in run.sent if s.start_s >= args.warmup_s and s.timing().ok]
+    ttfts = [t.ttft_s for t in steady if t.ttft_s is not None]
+    gaps = [g for t in steady for g in t.itl_s()]
+    return {"num_requests": len(timings), "num_ok": len(ok), "num_steady": len(steady),
+            "ttft_mean_ms": mean_ms(ttfts), "itl_mean_ms": mean_ms(gaps),
+            "summary": aggregate(timings, run.duration_s)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=REPO / "models/tiny-100m")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile", type=Path, default=REPO / "bench/profiles/vllm-100m-cpu.json")
+    ap.add_argument("--duration-s", type=float, default=120.0)
+    ap.add_argument("--warmup-s", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=REPO / "bench/results/plan_accuracy.json")
+    args = ap.parse_args()
+    doc_profile = load_profile(args.profile)
+    timing = TimingModel.from_profile(timing_fields(doc_profile))
+    options = options_from_profile(doc_profile)
+    started = now_iso()
+    graph = LocalGraph(["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype, "--prefill", "1",
+                        "--decode", "1", "--no-kvtier", "--local-prefill-max-tokens", "128", "--log-level", "warning"],
+                       args.out.parent / "plan_accuracy-graph.log")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    start_s = graph.start()
+    try:
+        for i, w in enumerate(WORKLOADS):
+            p = plan(timing, Workload.of(w["isl"], w["osl"], rate=w["rate_rps"]), LOOSE_SLO, options)
+            d = p.disaggregated
+            print(f"[plan_accuracy] {w['name']}: plan {d.prefill.workers if d.prefill else '-'}P + "
+                  f"{d.decode.workers if d.decode else '-'}D, TTFT {d.ttft_ms} ms, ITL {d.itl_ms} ms", file=sys.stderr)
+            measured = asyncio.run(measure(graph, w, args, args.seed + i))
+            results.append({
+                **w, "plan": {"num_prefill": d.prefill.workers if d.prefill else None,
+                              "num_decode": d.decode.workers if d.decode else None,
+                              "local_prefill_max_tokens": d.local_prefill_max_tokens,
+                              "ttft_ms": d.ttft_ms, "itl_ms": d.itl_ms,
+                              "decode_batch": d.decode.batch if d.decode else None,
+                              "prefill_utilization": d.prefill.utilization if d.prefill else None},
+                "measured": measured,
+                "error": {"ttft": err(d.ttft_ms, measured["ttft_mean_ms"]), "itl": err(d.itl_ms, measured["itl_mean_ms"])},
+            })
+            print(f"[plan_accuracy] {w['name']}: measured TTFT {measured['ttft_mean_ms']} ms, ITL "
+                  f"{measured['itl_mean_ms']} ms; error {results[-1]['error']}", file=sys.stderr)
+    finally:
+        leftover = graph.stop()
+    doc = {
+        "bench": "plan_accuracy",
+        "conditions": {
+            "engine": "vllm", "model": str(args.model.name), "dtype": args.dtype, "graph": "1 prefill + 1 decode",
+            "kv_transfer": "NIXL (UCX, kv_buffer_device cpu)", "block_size": 32, "local_prefill_max_tokens": 128,
+            "arrivals": "poisson", "duration_s_per_workload": args.duration_s, "warmup_s": args.warmup_s,
+            "plan_slo": asdict(LOOSE_SLO), "profile": str(args.profile), "profile_fit": doc_profile.get("fit"),
+            "profile_conditions": doc_profile.get("conditions"), "graph_start_s": round(start_s, 1),
+            "machine": machine(), "git": git_info(), "started": started, "finished": now_iso(),
+            "leftover_pids": leftover,
+        },
+        "workloads": results,
+    }
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
