@@ -36,9 +36,7 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -48,9 +46,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.frontend import children, git_commit, graph_pids, machine, proc_cpu_s  # noqa: E402
+from bench.frontend import git_commit, graph_pids, machine, proc_cpu_s  # noqa: E402
 from bench.lib.client import ConnPool, StreamResult, build_request  # noqa: E402
-from cli.launcher import free_port  # noqa: E402
+from bench.lib.graph import LocalGraph, tree_pids  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 CONFIGS = {
@@ -86,18 +84,6 @@ def dist_ms(values: list[float]) -> dict:
             "p99": ms(pct(values, 0.99)), "p999": ms(pct(values, 0.999)), "max": ms(max(values) if values else None),
             "mean": ms(statistics.fmean(values) if values else None),
             f"n_over_{int(STALL_S * 1e3)}ms": len(stalls), f"s_over_{int(STALL_S * 1e3)}ms": round(sum(stalls), 3)}
-
-
-def tree_pids(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            todo += children(p)
-        except OSError:
-            pass
-    return out
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -170,50 +156,10 @@ async def worker_stats(router: str) -> dict[str, dict]:
 
 # ------------------------------------------------------------------------------------------- graph
 
-class Graph:
-    def __init__(self, args: argparse.Namespace, config: str, log_path: Path) -> None:
-        self.port, self.router_port = free_port(), free_port()
-        self.router = f"tcp://127.0.0.1:{self.router_port}"
-        self.log_path = log_path
-        self.cmd = [sys.executable, "-m", "cli.main", "up", "--engine", "vllm", "--model", str(args.model),
-                    "--dtype", args.dtype, "--port", str(self.port), "--router-port", str(self.router_port),
-                    "--local-prefill-max-tokens", str(args.local_prefill_max_tokens),
-                    "--router-policy", args.router_policy, "--block-size", str(args.block_size),
-                    "--no-kvtier", "--log-level", "warning", *CONFIGS[config][1]]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float) -> float:
-        t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-        while "splitserve is serving" not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
-                self.stop()
-                raise RuntimeError(f"graph did not come up; see {self.log_path}")
-            time.sleep(0.3)
-        return time.monotonic() - t0
-
-    def stop(self) -> list[int]:
-        """SIGTERM the launcher (it stops every process group); returns pids of its tree still alive after."""
-        if self.proc is None:
-            return []
-        tree = tree_pids(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        time.sleep(0.5)
-        alive = [p for p in tree if Path(f"/proc/{p}").exists() and p != self.proc.pid]
-        for p in alive:  # only processes this graph started
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return alive
+def up_args(args: argparse.Namespace, config: str) -> list[str]:
+    return ["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype,
+            "--local-prefill-max-tokens", str(args.local_prefill_max_tokens), "--router-policy", args.router_policy,
+            "--block-size", str(args.block_size), "--no-kvtier", "--log-level", "warning", *CONFIGS[config][1]]
 
 
 # ------------------------------------------------------------------------------------------- load
@@ -296,7 +242,7 @@ def windows_gaps(results: list[StreamResult], windows: list[tuple[float, float]]
 
 async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref: dict | None) -> dict:
     log_path = Path(args.log_dir) / f"interference-{index}-{config}.log"
-    graph = Graph(args, config, log_path)
+    graph = LocalGraph(up_args(args, config), log_path)
     load_before = loadavg()
     began = time.monotonic()
     start_s = graph.start(args.ready_timeout_s)

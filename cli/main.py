@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import structlog
 import typer
 
 from cli.logs import configure_logging
