@@ -1,6 +1,7 @@
 """kvtier on a prefill/decode vLLM graph: both workers run NixlConnector and our kvtier connector inside vLLM's
-MultiConnector. A prefix evicted from the engines comes back from kvtier (on whichever worker the router picks
-to prefill it) and the output equals the first, fresh one (fp32, greedy, the tiny model)."""
+MultiConnector. Every prompt prefills on the prefill worker (--local-prefill-max-tokens 0). A prefix evicted from
+the engines comes back from kvtier into the prefill worker's KV cache, the decode worker pulls it from there over
+NIXL, and the output equals the first, fresh one (fp32, greedy, the tiny model)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vll
 
 def test_prefix_onboarded_under_multiconnector(tmp_path) -> None:
     graph = start_graph(tmp_path, "--engine", "vllm", "--dtype", "float32", "--prefill", "1", "--decode", "1",
-                        "--num-blocks", "25", "--local-prefill-max-tokens", "64", "--host-cache-gb", "0.05")
+                        "--num-blocks", "25", "--local-prefill-max-tokens", "0", "--host-cache-gb", "0.05")
     try:
         assert wait_until(lambda: _tier_up(graph), timeout_s=20), graph.logs()[-3000:]
         reference, _ = complete(graph, PREFIX)  # prefilled remotely, KV pulled by the decode worker over NIXL
@@ -31,6 +32,8 @@ def test_prefix_onboarded_under_multiconnector(tmp_path) -> None:
         assert text == reference
         after = tier_stats(graph)
         assert after.hits_host - before.hits_host == 8 and after.checksum_failures == 0
-        assert "MultiConnector" in graph.logs()
+        logs = graph.logs()
+        assert "MultiConnector" in logs
+        assert [line for line in logs.splitlines() if "kvtier_loaded" in line and "worker_id=prefill-0" in line]
     finally:
         graph.stop()
