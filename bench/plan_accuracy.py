@@ -6,6 +6,11 @@ wait) and mean ITL (decode step at the steady batch) for the deployment it recom
 that it recommends the 1 prefill + 1 decode graph that runs here. Then the graph serves the workload and the
 means are measured at the client. Error = (predicted - measured) / measured.
 
+A profile times the bare engine. The serving stack adds per decode step and per remote prefill; a calibration
+probe first (a third, light workload: ISL 512, OSL 128, 0.15 req/s, no queueing) measures those two overheads
+(``services.planner.profile.with_serving_overheads``), and both workloads are predicted with the raw and with
+the calibrated profile. The probe is not one of the workloads it is judged on.
+
     python bench/plan_accuracy.py                # ~6 minutes (100M model, bf16); JSON in bench/results/
 """
 
@@ -30,13 +35,14 @@ from bench.lib.runner import RequestParams, run_point  # noqa: E402
 from bench.lib.server import Target  # noqa: E402
 from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
 from services.planner.plan import Slo, Workload, options_from_profile, plan  # noqa: E402
-from services.planner.profile import load_profile, timing_fields  # noqa: E402
+from services.planner.profile import load_profile, timing_fields, with_serving_overheads  # noqa: E402
 from services.worker.mock.timing import TimingModel  # noqa: E402
 
 WORKLOADS = (
     {"name": "prefill_heavy", "isl": 1024, "osl": 32, "rate_rps": 0.3},
     {"name": "decode_heavy", "isl": 256, "osl": 256, "rate_rps": 0.25},
 )
+PROBE = {"name": "calibration_probe", "isl": 512, "osl": 128, "rate_rps": 0.15}
 LOOSE_SLO = Slo(ttft_ms=20_000, itl_ms=150)
 
 
@@ -85,6 +91,7 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, default=REPO / "bench/profiles/vllm-100m-cpu.json")
     ap.add_argument("--duration-s", type=float, default=120.0)
     ap.add_argument("--warmup-s", type=float, default=10.0)
+    ap.add_argument("--calibrate-s", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/plan_accuracy.json")
     args = ap.parse_args()
@@ -98,25 +105,38 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     start_s = graph.start()
+
+    def predict(t: TimingModel, w: dict[str, Any]) -> dict[str, Any]:
+        d = plan(t, Workload.of(w["isl"], w["osl"], rate=w["rate_rps"]), LOOSE_SLO, options).disaggregated
+        return {"num_prefill": d.prefill.workers if d.prefill else None,
+                "num_decode": d.decode.workers if d.decode else None,
+                "local_prefill_max_tokens": d.local_prefill_max_tokens, "ttft_ms": d.ttft_ms, "itl_ms": d.itl_ms,
+                "decode_batch": d.decode.batch if d.decode else None,
+                "prefill_utilization": d.prefill.utilization if d.prefill else None}
+
     try:
+        probe = asyncio.run(measure(graph, PROBE, argparse.Namespace(**{**vars(args), "duration_s": args.calibrate_s}), args.seed + 100))
+        raw_probe = predict(timing, PROBE)
+        overheads = {"decode_step_overhead_s": (probe["itl_mean_ms"] - raw_probe["itl_ms"]) / 1e3,
+                     "prefill_overhead_s": (probe["ttft_mean_ms"] - raw_probe["ttft_ms"]) / 1e3}
+        calibrated = with_serving_overheads(timing, **overheads)
+        print(f"[plan_accuracy] probe: measured TTFT {probe['ttft_mean_ms']:.0f} ms, ITL {probe['itl_mean_ms']:.1f} ms; "
+              f"raw profile {raw_probe['ttft_ms']:.0f} / {raw_probe['itl_ms']:.1f}; overheads {overheads}",
+              file=sys.stderr)
         for i, w in enumerate(WORKLOADS):
-            p = plan(timing, Workload.of(w["isl"], w["osl"], rate=w["rate_rps"]), LOOSE_SLO, options)
-            d = p.disaggregated
-            print(f"[plan_accuracy] {w['name']}: plan {d.prefill.workers if d.prefill else '-'}P + "
-                  f"{d.decode.workers if d.decode else '-'}D, TTFT {d.ttft_ms} ms, ITL {d.itl_ms} ms", file=sys.stderr)
+            raw, cal = predict(timing, w), predict(calibrated, w)
             measured = asyncio.run(measure(graph, w, args, args.seed + i))
             results.append({
-                **w, "plan": {"num_prefill": d.prefill.workers if d.prefill else None,
-                              "num_decode": d.decode.workers if d.decode else None,
-                              "local_prefill_max_tokens": d.local_prefill_max_tokens,
-                              "ttft_ms": d.ttft_ms, "itl_ms": d.itl_ms,
-                              "decode_batch": d.decode.batch if d.decode else None,
-                              "prefill_utilization": d.prefill.utilization if d.prefill else None},
-                "measured": measured,
-                "error": {"ttft": err(d.ttft_ms, measured["ttft_mean_ms"]), "itl": err(d.itl_ms, measured["itl_mean_ms"])},
+                **w, "plan_raw_profile": raw, "plan_calibrated": cal, "measured": measured,
+                "error_raw_profile": {"ttft": err(raw["ttft_ms"], measured["ttft_mean_ms"]),
+                                      "itl": err(raw["itl_ms"], measured["itl_mean_ms"])},
+                "error": {"ttft": err(cal["ttft_ms"], measured["ttft_mean_ms"]),
+                          "itl": err(cal["itl_ms"], measured["itl_mean_ms"])},
             })
-            print(f"[plan_accuracy] {w['name']}: measured TTFT {measured['ttft_mean_ms']} ms, ITL "
-                  f"{measured['itl_mean_ms']} ms; error {results[-1]['error']}", file=sys.stderr)
+            print(f"[plan_accuracy] {w['name']}: measured TTFT {measured['ttft_mean_ms']:.0f} ms, ITL "
+                  f"{measured['itl_mean_ms']:.1f} ms; calibrated plan {cal['ttft_ms']:.0f} / {cal['itl_ms']:.1f} "
+                  f"(error {results[-1]['error']}); raw {raw['ttft_ms']:.0f} / {raw['itl_ms']:.1f} "
+                  f"(error {results[-1]['error_raw_profile']})", file=sys.stderr)
     finally:
         leftover = graph.stop()
     doc = {
@@ -130,6 +150,8 @@ def main() -> int:
             "machine": machine(), "git": git_info(), "started": started, "finished": now_iso(),
             "leftover_pids": leftover,
         },
+        "calibration": {"probe": PROBE, "probe_measured": probe, "probe_plan_raw_profile": raw_probe,
+                        "overheads": overheads, "calibrate_s": args.calibrate_s},
         "workloads": results,
     }
     args.out.write_text(json.dumps(doc, indent=1))

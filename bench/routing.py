@@ -542,12 +542,17 @@ def workloads(args: argparse.Namespace) -> dict[str, Workload]:
         "vllm-pressure": Workload("vllm-pressure", engine="vllm", num_workers=2, num_prefixes=8, prefix_tokens=1000,
                                   suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens,
                                   num_requests=160, concurrency=4, policies=("kv", "round-robin")),
+        # Prefixes beyond all engines' KV (16 of 1,000 tokens against room for ~8 in both workers together):
+        # run with and without --kvtier to see what the shared tier gives back (issue [kvtier]).
+        "vllm-tier": Workload("vllm-tier", engine="vllm", num_workers=2, num_prefixes=16, prefix_tokens=1000,
+                              suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens,
+                              num_requests=192, concurrency=4, policies=("kv",)),
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workloads", default="shared,zipf,multiturn", help="shared,zipf,multiturn,vllm,vllm-pressure")
+    ap.add_argument("--workloads", default="shared,zipf,multiturn", help="shared,zipf,multiturn,vllm,vllm-pressure,vllm-tier")
     ap.add_argument("--policies", default="", help="override, e.g. kv,round-robin (default: per workload)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--speedup", type=float, default=1.0, help="mock timing divided by this")

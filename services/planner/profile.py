@@ -381,3 +381,17 @@ def write_profile(doc: Mapping[str, Any], path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def with_serving_overheads(timing: TimingModel, decode_step_overhead_s: float, prefill_overhead_s: float) -> TimingModel:
+    """The engine's timing plus what the serving stack adds, measured on a running graph at low load.
+
+    A profile times the bare engine; served, every decode step also pays the worker, connector and delivery
+    (here ~10 ms a step on 2 shared cores), and every remote prefill the route, transfer set-up and first-token
+    relay. Added to the model's constant terms (decode base, prefill per-step), the plan's formulas stay as they
+    are. Negative measured overheads (noise) count as 0.
+    """
+    coeffs = list(timing.prefill_coeffs_s) or [0.0]
+    coeffs[0] += max(0.0, prefill_overhead_s)
+    return replace(timing, decode_base_s=timing.decode_base_s + max(0.0, decode_step_overhead_s),
+                   prefill_coeffs_s=tuple(coeffs))

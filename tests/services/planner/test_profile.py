@@ -132,3 +132,13 @@ def test_launcher_passes_the_mock_profile(tmp_path: Path) -> None:
     cmds = worker_commands(GraphSpec(engine="mock", mock_profile=tmp_path / "p.json"), tmp_path, "tcp://x:1")
     assert all(cmd[cmd.index("--mock-profile") + 1] == str(tmp_path / "p.json") for cmd in cmds)
     assert "--mock-profile" not in worker_commands(GraphSpec(engine="mock"), tmp_path, "tcp://x:1")[0]
+
+
+def test_with_serving_overheads() -> None:
+    from services.planner.profile import with_serving_overheads
+
+    base = TimingModel(prefill_coeffs_s=(0.01, 0.001), decode_base_s=0.02, decode_per_seq_s=0.001)
+    served = with_serving_overheads(base, decode_step_overhead_s=0.008, prefill_overhead_s=0.1)
+    assert served.decode_s(2, 0) == pytest.approx(base.decode_s(2, 0) + 0.008)
+    assert served.prefill_s(512) == pytest.approx(base.prefill_s(512) + 0.1)
+    assert with_serving_overheads(base, -0.003, -0.01) == base  # noise below zero changes nothing
