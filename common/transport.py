@@ -78,6 +78,11 @@ def _drain(recv: Callable[..., Any], sink: Callable[[Any], None]) -> None:
         sink(data)
 
 
+def _log_send_failure(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("send_failed", error=str(fut.exception()))
+
+
 class Server:
     """A ROUTER socket bound to ``endpoint``."""
 
@@ -121,9 +126,18 @@ class Server:
 
     def send_nowait(self, identity: bytes, msg: Message) -> None:
         """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths.
-        Through the plain socket: errors (a mandatory server's EHOSTUNREACH, zmq.Again) raise here instead of
-        landing in a future nobody reads."""
-        self._sync.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+
+        Through the asyncio socket, never the plain shadow: a send can consume the edge-triggered ZeroMQ fd's
+        readable edge, and only the asyncio layer then re-checks for messages a pending recv waits on (a send
+        on the shadow once left a worker deaf to new requests). Its non-blocking send resolves at once, so an
+        error (a mandatory server's EHOSTUNREACH or zmq.Again) is raised here, not left in a future."""
+        fut = self._sock.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+        if not fut.done():  # queued behind an awaited send: report failures, nobody awaits this one
+            fut.add_done_callback(_log_send_failure)
+            return
+        exc = fut.exception()
+        if exc is not None:
+            raise exc
 
     def deliver_nowait(self, identity: bytes, msg: Message) -> bool:
         """``send_nowait`` that answers False when the peer is gone (a ``mandatory`` server only; else always
