@@ -75,6 +75,9 @@ class GraphSpec:
     # Crashed children are restarted; more crashes than this in a minute stop the whole graph.
     max_restarts_per_min: int = 5
     planner: PlannerSpec | None = None  # None: fixed pools
+    # Tokens a decode worker computes per step (0: the engine's default). Small values chunk its local
+    # prefills over several steps, bounding the inter-token gap they cause to the decoding streams.
+    decode_max_batched_tokens: int = 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -122,6 +125,8 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--mock-profile", str(spec.mock_profile)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
+    if role == "decode" and spec.decode_max_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
     return cmd
 
 

@@ -142,7 +142,10 @@ def worker(
             model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
                 info.max_position_embeddings, 8192, ((num_blocks or 8192) - 1) * block_size),  # vLLM keeps 1 null block
             max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(max_num_batched_tokens, 2048), kv_role=role, nixl_side_channel_port=nixl_port,
+            # A decode worker may take a small per-step budget (its local prefills are then chunked); the others
+            # keep room for a whole long prompt in one step.
+            max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode"
+                                    else max(max_num_batched_tokens, 2048)), kv_role=role, nixl_side_channel_port=nixl_port,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
         if core is not None and core in os.sched_getaffinity(0):
@@ -286,6 +289,8 @@ def up(
     router_metrics_port: int = typer.Option(0, help="Router's Prometheus port (0: none)"),
     router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)"),
     router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)"),
+    decode_max_batched_tokens: int = typer.Option(
+        0, help="Tokens a decode worker computes per step (0: default); small values spread local prefills"),
     planner: bool = typer.Option(False, "--planner", help="Scale the prefill and decode pools live"),
     planner_slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="The planner's SLOs (p90)"),
     planner_profile: Optional[Path] = typer.Option(None, help="`splitserve profile` JSON: scale ahead of the SLO"),
@@ -310,7 +315,7 @@ def up(
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port, router_port=router_port,
                      router_metrics_port=router_metrics_port, router_prefill_weight=router_prefill_weight,
                      router_busy_threshold=router_busy_threshold, log_level=log_level,
-                     log_json=log_json,
+                     log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      planner=PlannerSpec(slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s,
                                          window_s=planner_window_s,
                                          max_prefill=max_prefill, max_decode=max_decode,
