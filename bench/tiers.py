@@ -22,9 +22,7 @@ import asyncio
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.lib.report import git_info, machine, now_iso  # noqa: E402
-from cli.launcher import GraphSpec, free_port, kvtier_block_bytes  # noqa: E402
+from bench.lib.graph import LocalGraph  # noqa: E402
+from cli.launcher import GraphSpec, kvtier_block_bytes  # noqa: E402
 
 GIB = 1024**3
 BLOCK = 32
@@ -45,48 +44,24 @@ HOST_SLOTS = 126
 _KV = re.compile(r"(\w+)=(\S+)")
 
 
-class Graph:
-    def __init__(self, args: argparse.Namespace, block_bytes: int, disk_dir: Path, log_path: Path) -> None:
-        self.port, self.router_port = free_port(), free_port()
-        self.log_path = log_path
-        host_gb = (HOST_SLOTS + 0.5) * block_bytes / GIB  # +0.5: float rounding never loses a slot
-        disk_gb = (args.rounds + 2) * 64 * block_bytes / GIB
-        self.cmd = [sys.executable, "-m", "cli.main", "up", "--engine", "vllm", "--model", str(args.model),
-                    "--dtype", args.dtype, "--aggregated", "1", "--num-blocks", str(NUM_BLOCKS),
-                    "--port", str(self.port), "--router-port", str(self.router_port),
-                    "--host-cache-gb", repr(host_gb), "--disk-cache-gb", repr(disk_gb),
-                    "--disk-cache-dir", str(disk_dir)]
-        self.proc: subprocess.Popen[bytes] | None = None
+def up_args(args: argparse.Namespace, block_bytes: int, disk_dir: Path) -> list[str]:
+    host_gb = (HOST_SLOTS + 0.5) * block_bytes / GIB  # +0.5: float rounding never loses a slot
+    disk_gb = (args.rounds + 2) * 64 * block_bytes / GIB
+    return ["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype, "--aggregated", "1",
+            "--num-blocks", str(NUM_BLOCKS), "--host-cache-gb", repr(host_gb), "--disk-cache-gb", repr(disk_gb),
+            "--disk-cache-dir", str(disk_dir)]
 
-    def start(self, timeout_s: float = 300.0) -> None:
-        t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-        while "splitserve is serving" not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
-                self.stop()
-                raise RuntimeError(f"graph did not come up; see {self.log_path}")
-            time.sleep(0.3)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # the launcher stops every process group it started
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def kvtier_endpoint(self) -> str:
-        for entry in Path("/proc").iterdir():
-            try:
-                args = (entry / "cmdline").read_bytes().decode().split("\0")
-            except (OSError, ValueError):
-                continue
-            if "kvtier" in args and f"tcp://127.0.0.1:{self.router_port}" in args:
-                return args[args.index("--endpoint") + 1]
-        raise LookupError("kvtier process not found")
+def kvtier_endpoint(router_port: int) -> str:
+    """The endpoint of the kvtier process the graph on ``router_port`` started."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if "kvtier" in args and f"tcp://127.0.0.1:{router_port}" in args:
+            return args[args.index("--endpoint") + 1]
+    raise LookupError("kvtier process not found")
 
 
 def tier_stats(endpoint: str) -> Any:
@@ -149,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     block_bytes = kvtier_block_bytes(spec)
     num_blocks_p = (args.prompt_tokens - 1) // BLOCK
     work = Path(tempfile.mkdtemp(prefix="bench-tiers-"))
-    graph = Graph(args, block_bytes, work / "disk", work / "graph.log")
+    graph = LocalGraph(up_args(args, block_bytes, work / "disk"), work / "graph.log")
     model = args.model.resolve().name
     seed = [0]
 
@@ -167,7 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raws.append(raw_read(args.model, args.dtype, args.prompt_tokens, BLOCK, repeats=30))
     graph.start()
     try:
-        endpoint = graph.kvtier_endpoint()
+        endpoint = kvtier_endpoint(graph.router_port)
         time.sleep(3)  # kvtier registers its pool with NIXL seconds after it starts
         for _ in range(2):  # warm-up: first requests pay one-off costs
             ttft(graph.port, model, prompt(args.prompt_tokens))
