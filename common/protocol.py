@@ -185,6 +185,9 @@ class WorkerStats(_Msg, frozen=True):
     num_transfer_bytes: int = 0
     # Seconds spent in those pulls, summed (decode side; vLLM: NIXL telemetry xferDuration). GB/s = bytes / this.
     transfer_seconds_total: float = 0.0
+    # NIXL descriptors those pulls posted, summed, after NIXL merged adjacent blocks (vLLM: telemetry descCount);
+    # 0 where unknown (mock). Says which raw READ a transfer compares with: one per block, or one per region.
+    num_transfer_descriptors: int = 0
 
 
 # ------------------------------------------------------------------------------- KV events (source -> router)

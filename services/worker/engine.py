@@ -51,6 +51,7 @@ class EngineCounters:
     transfer_seconds: tuple[float, ...] = field(default_factory=tuple)
     # Cumulative sum of every transfer's seconds (not drained), for GetStats.
     transfer_seconds_total: float = 0.0
+    num_transfer_descriptors: int = 0
 
 
 class Engine(Protocol):

@@ -196,7 +196,8 @@ class WorkerService:
                     request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
                     num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
-                    transfer_seconds_total=c.transfer_seconds_total))
+                    transfer_seconds_total=c.transfer_seconds_total,
+                    num_transfer_descriptors=c.num_transfer_descriptors))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 

@@ -41,6 +41,7 @@ class EngineStatsSink:
         self.num_transfer_failures = 0
         self.transfer_seconds: list[float] = []
         self.transfer_seconds_total = 0.0
+        self.num_transfer_descriptors = 0
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
@@ -70,6 +71,7 @@ class EngineStatsSink:
         self.transfer_seconds.extend(float(d) for d in durations)
         self.transfer_seconds_total += sum(float(d) for d in durations)
         self.num_transfer_bytes += int(sum(data.get("bytes_transferred", [])))
+        self.num_transfer_descriptors += int(sum(data.get("num_descriptors", [])))
         self.num_transfer_failures += sum(
             len(data.get(key, [])) for key in ("num_failed_transfers", "num_failed_handshakes")
         )
