@@ -78,6 +78,8 @@ class GraphSpec:
     # Tokens a decode worker computes per step (0: the engine's default). Small values chunk its local
     # prefills over several steps, bounding the inter-token gap they cause to the decoding streams.
     decode_max_batched_tokens: int = 0
+    # vLLM: frontend, router, kvtier and planner on control_plane_cores (never a decode engine's core).
+    pin_control_plane: bool = True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,9 +88,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def _child_setup(cores: frozenset[int]) -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG: stop at once (SIGTERM would make a worker drain)
+    allowed = os.sched_getaffinity(0)
+    if cores and cores <= allowed:
+        os.sched_setaffinity(0, cores)
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -130,9 +135,29 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
     return cmd
 
 
+def worker_roles(spec: GraphSpec) -> list[str]:
+    """Role of each initial worker; worker ``i`` is pinned to core ``i % num_cores`` (worker_command)."""
+    return ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
+
+
 def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
-    roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
-    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(roles)]
+    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(worker_roles(spec))]
+
+
+def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
+    """Cores for the frontend, router, kvtier and planner of a vLLM graph; empty: leave them unpinned.
+
+    Decode latency is what disaggregation protects, so the control plane never shares a decode engine's core:
+    it takes the cores no engine uses, else the prefill engines' (a prefill is throughput-bound; measured on
+    2 cores, an unpinned frontend, router and client drifted onto the decode core whenever a long prefill held
+    the other one). An aggregated graph with no free core has nowhere better: unpinned.
+    """
+    free = frozenset(range(num_cores)) - {i % num_cores for i in range(len(roles))}
+    if free:
+        return free
+    prefill = {i % num_cores for i, role in enumerate(roles) if role == "prefill"}
+    latency_bound = {i % num_cores for i, role in enumerate(roles) if role != "prefill"}  # decode, both
+    return frozenset(prefill - latency_bound)
 
 
 def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
@@ -187,6 +212,10 @@ def launch(spec: GraphSpec) -> int:
     if planner_events:
         commands.append(planner_command(spec, router, planner_events))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    control_cores = (control_plane_cores(worker_roles(spec), os.cpu_count() or 1)
+                     if spec.engine == "vllm" and spec.pin_control_plane else frozenset())
+    if control_cores:
+        log.info("control_plane_pinned", cores=sorted(control_cores))
     children: list[Child] = []
     restarts: list[float] = []
     stopping = False
@@ -199,8 +228,9 @@ def launch(spec: GraphSpec) -> int:
     def spawn(cmd: list[str]) -> Child:
         # Each service leads its own process group, so stopping it also stops what it started (vLLM's engine
         # core and worker processes), even if the service itself dies first.
+        cores = frozenset() if cmd[0] == "worker" else control_cores  # a worker pins itself to its --core
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
-                                preexec_fn=_die_with_parent, start_new_session=True)
+                                preexec_fn=lambda: _child_setup(cores), start_new_session=True)
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":
             child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]

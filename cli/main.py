@@ -291,6 +291,8 @@ def up(
     router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)"),
     decode_max_batched_tokens: int = typer.Option(
         0, help="Tokens a decode worker computes per step (0: default); small values spread local prefills"),
+    pin_control_plane: bool = typer.Option(
+        True, help="vLLM: keep frontend, router, kvtier and planner off decode cores (free cores, else prefill's)"),
     planner: bool = typer.Option(False, "--planner", help="Scale the prefill and decode pools live"),
     planner_slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="The planner's SLOs (p90)"),
     planner_profile: Optional[Path] = typer.Option(None, help="`splitserve profile` JSON: scale ahead of the SLO"),
@@ -316,6 +318,7 @@ def up(
                      router_metrics_port=router_metrics_port, router_prefill_weight=router_prefill_weight,
                      router_busy_threshold=router_busy_threshold, log_level=log_level,
                      log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
+                     pin_control_plane=pin_control_plane,
                      planner=PlannerSpec(slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s,
                                          window_s=planner_window_s,
                                          max_prefill=max_prefill, max_decode=max_decode,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.launcher import GraphSpec, worker_command, worker_commands
+import pytest
+
+from cli.launcher import GraphSpec, control_plane_cores, worker_command, worker_commands
 
 
 def test_decode_step_budget_goes_to_decode_workers_only() -> None:
@@ -18,3 +20,19 @@ def test_decode_step_budget_goes_to_decode_workers_only() -> None:
 def test_workers_get_distinct_ids() -> None:
     cmds = worker_commands(GraphSpec(num_prefill=1, num_decode=2), Path("m"), "tcp://127.0.0.1:1")
     assert [c[c.index("--worker-id") + 1] for c in cmds] == ["prefill-0", "decode-1", "decode-2"]
+
+
+@pytest.mark.parametrize(
+    ("roles", "num_cores", "expected"),
+    [
+        (["prefill", "decode"], 2, {0}),  # this machine: the control plane shares the prefill core
+        (["prefill", "decode"], 16, set(range(2, 16))),  # free cores first
+        (["prefill", "prefill", "decode"], 2, {1}),  # decode-2 wraps onto core 0, beside prefill-0
+        (["both", "both"], 2, set()),  # aggregated, no free core: unpinned
+        (["both"], 2, {1}),
+        (["prefill", "decode", "decode"], 2, set()),  # decode-2 wraps onto core 0: no core is decode-free
+        ([], 2, {0, 1}),
+    ],
+)
+def test_control_plane_cores(roles: list[str], num_cores: int, expected: set[int]) -> None:
+    assert control_plane_cores(roles, num_cores) == frozenset(expected)
