@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO))
 from bench.frontend import git_commit, graph_pids, machine, proc_cpu_s  # noqa: E402
 from bench.lib.client import ConnPool, StreamResult, build_request  # noqa: E402
 from bench.lib.graph import LocalGraph, tree_pids  # noqa: E402
+from cli.launcher import control_plane_cores  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 CONFIGS = {
@@ -57,6 +59,9 @@ CONFIGS = {
     # The decode worker computes at most 64 tokens a step: the steady streams' own local prefills are chunked.
     "pd64": ("disaggregated, decode step budget 64 tokens", ["--prefill", "1", "--decode", "1",
                                                              "--decode-max-batched-tokens", "64"]),
+    # Frontend, router and this client left to the OS scheduler instead of sharing the prefill core.
+    "pdfloat": ("disaggregated, control plane and client unpinned", ["--prefill", "1", "--decode", "1",
+                                                                    "--no-pin-control-plane"]),
 }
 GOAL_ITL_P99_RATIO = 1.25
 GOAL_TRANSFER_FRACTION = 0.70
@@ -157,7 +162,53 @@ async def worker_stats(router: str) -> dict[str, dict]:
         ctx.destroy(linger=0)
 
 
+def compare_to_raw(gbps: float, descriptors: float, ref: dict) -> dict:
+    """The transfer's GB/s over the raw NIXL READ of the same bytes with the same descriptor shape.
+
+    vLLM posts one descriptor per block and layer (here 756); NIXL merges adjacent ones (telemetry descCount,
+    e.g. 12 when both sides' block ids are consecutive). The like-for-like raw READ is the reference variant
+    whose descriptor count is nearest the posted one: "coalesced" (one per region) or "scattered" (one per
+    block). Unknown counts (0) compare with "coalesced", the faster one.
+    """
+    like = "coalesced"
+    if descriptors > 0:
+        like = min(("scattered", "coalesced"),
+                   key=lambda k: abs(math.log(ref[k]["num_descriptors"] / descriptors)))
+    return {"raw_reference": like, "raw_nixl_read_gbps_median": ref[like]["gbps_median"],
+            "fraction_of_raw_nixl_read": round(gbps / ref[like]["gbps_median"], 3),
+            "fraction_of_raw_scattered": round(gbps / ref["scattered"]["gbps_median"], 3),
+            "fraction_of_raw_coalesced": round(gbps / ref["coalesced"]["gbps_median"], 3)}
+
+
+async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
+    """The raw NIXL READ reference again, on the graph's cores while it serves the interference load.
+
+    After the measured phases: the steady streams go on and long prompts keep arriving every
+    --long-interval-s (not counted anywhere) while two fresh processes, pinned like the engines (target on the
+    prefill core, initiator on the decode core), READ the same bytes --loaded-ref-repeats times, spaced out.
+    The in-engine transfer contends for the same cores; this says what NIXL itself gets under that contention.
+    """
+    from bench.nixl_read import run as nixl_run
+
+    extra: list[StreamResult] = []
+    ref = asyncio.ensure_future(asyncio.to_thread(
+        nixl_run, args.model, args.dtype, args.long_isl, args.block_size, repeats=args.loaded_ref_repeats,
+        cores=(0, 1), interval_s=args.long_interval_s / 4))
+    sent = []
+    while not ref.done():
+        sent.append(asyncio.ensure_future(load.one(args.long_isl, args.long_osl, extra)))
+        await asyncio.wait({ref}, timeout=args.long_interval_s)
+    for t in sent:
+        t.cancel()
+    await asyncio.gather(*sent, return_exceptions=True)
+    return {**ref.result(), "long_prompts_sent_meanwhile": len(sent)}
+
+
 # ------------------------------------------------------------------------------------------- graph
+
+def worker_roles_of(config: str) -> list[str]:
+    return ["both", "both"] if config == "agg" else ["prefill", "decode"]
+
 
 def up_args(args: argparse.Namespace, config: str) -> list[str]:
     return ["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype,
@@ -253,6 +304,13 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
                  "command": " ".join(graph.cmd[1:]), "graph_start_s": round(start_s, 1), "log": str(log_path),
                  "loadavg_before": load_before}
     load = Load(args, graph.port, args.model.resolve().name, seed=1000 + index)
+    # The client stands in for remote users: it goes where `up` puts the control plane (P/D: the prefill core,
+    # never the decode core); aggregated: no core is free of an engine, so it floats, as the frontend does.
+    all_cores = os.sched_getaffinity(0)
+    client_cores = ((config != "pdfloat" and control_plane_cores(worker_roles_of(config), os.cpu_count() or 1))
+                    or frozenset(all_cores))
+    os.sched_setaffinity(0, client_cores)
+    out["client_cores"] = sorted(client_cores)
     try:
         assert graph.proc is not None
         pids = graph_pids(graph.proc.pid)
@@ -291,6 +349,8 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
         ti1 = time.perf_counter()
         snap2 = snapshot()
         stats2 = await worker_stats(graph.router)
+        if config.startswith("pd") and args.loaded_ref_repeats > 0:
+            out["nixl_read_under_load"] = await raw_read_under_load(args, load)
         load.stop_steady = True
         for t in slots:
             t.cancel()
@@ -317,6 +377,7 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
                     "role": st["role"], "transfers": st["num_transfers"] - prev.get("num_transfers", 0),
                     "transfer_failures": st["num_transfer_failures"] - prev.get("num_transfer_failures", 0),
                     "transfer_bytes": nbytes, "transfer_seconds": round(secs, 6),
+                    "transfer_descriptors": st.get("num_transfer_descriptors", 0) - prev.get("num_transfer_descriptors", 0),
                     "transfer_gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
                     "prefix_hits": st["num_prefix_hits"] - prev.get("num_prefix_hits", 0)}
             out[name] = ph
@@ -349,16 +410,22 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
         if config.startswith("pd"):
             dec = [w for w in out["interference"]["workers"].values() if w["role"] == "decode"]
             if dec and dec[0]["transfer_gbps"]:
-                out["transfer"] = {**dec[0], "bytes_per_transfer": dec[0]["transfer_bytes"] // max(1, dec[0]["transfers"]),
-                                   "seconds_per_transfer_ms": round(dec[0]["transfer_seconds"] / max(1, dec[0]["transfers"]) * 1e3, 3)}
+                n = max(1, dec[0]["transfers"])
+                out["transfer"] = {**dec[0], "bytes_per_transfer": dec[0]["transfer_bytes"] // n,
+                                   "seconds_per_transfer_ms": round(dec[0]["transfer_seconds"] / n * 1e3, 3),
+                                   "descriptors_per_transfer": round(dec[0]["transfer_descriptors"] / n, 1)}
                 if nixl_ref:
-                    out["transfer"]["raw_nixl_read_gbps_median"] = nixl_ref["scattered"]["gbps_median"]
-                    out["transfer"]["fraction_of_raw_nixl_read"] = round(
-                        dec[0]["transfer_gbps"] / nixl_ref["scattered"]["gbps_median"], 3)
+                    out["transfer"].update(compare_to_raw(dec[0]["transfer_gbps"], dec[0]["transfer_descriptors"] / n,
+                                                          nixl_ref))
+                if "nixl_read_under_load" in out:
+                    loaded = compare_to_raw(dec[0]["transfer_gbps"], dec[0]["transfer_descriptors"] / n,
+                                            out["nixl_read_under_load"])
+                    out["transfer"]["under_load"] = loaded
         out["steady_requests"] = {"finished_ok": sum(1 for r in load.steady if r.ok),
                                   "errors": sorted({r.error for r in load.steady if r.error and r.error != "cancelled"})[:5]}
     finally:
         load.close()
+        os.sched_setaffinity(0, all_cores)
         out["leftover_pids_killed"] = graph.stop()
         out["loadavg_after"] = loadavg()
         out["elapsed_s"] = round(time.monotonic() - began, 1)
@@ -395,6 +462,10 @@ def summarize(runs: list[dict]) -> dict:
             summary[config]["transfer_gbps_each"] = [r.get("transfer", {}).get("transfer_gbps") for r in rs]
             summary[config]["transfer_fraction_of_raw_each"] = [
                 r.get("transfer", {}).get("fraction_of_raw_nixl_read") for r in rs]
+            summary[config]["transfer_raw_reference_each"] = [r.get("transfer", {}).get("raw_reference") for r in rs]
+            summary[config]["transfer_fraction_of_raw_under_load_each"] = [
+                r.get("transfer", {}).get("under_load", {}).get("fraction_of_raw_nixl_read") for r in rs]
+            summary[config]["transfer_ms_each"] = [r.get("transfer", {}).get("seconds_per_transfer_ms") for r in rs]
     return summary
 
 
@@ -418,6 +489,8 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--ready-timeout-s", type=float, default=180.0)
     ap.add_argument("--nixl-repeats", type=int, default=20)
+    ap.add_argument("--loaded-ref-repeats", type=int, default=12,
+                    help="P/D: raw NIXL READs on the graph's cores under the interference load (0: skip)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--out", type=Path, default=RESULTS / "interference.json")
     args = ap.parse_args()
@@ -447,8 +520,11 @@ def main() -> None:
         "itl_definition": "client-side gap between consecutive SSE content chunks of one steady stream, "
                           "assigned to the phase in which the later chunk arrived (first token excluded)",
         "transfer_definition": "decode worker's WorkerStats: delta num_transfer_bytes / delta "
-                               "transfer_seconds_total (sum of vLLM NIXL telemetry xferDuration per READ)",
-        "client": "bench/lib/client.py StreamConn (asyncio, keep-alive) in this process, unpinned",
+                               "transfer_seconds_total (sum of vLLM NIXL telemetry xferDuration per READ); "
+                               "compared with the raw NIXL READ variant nearest in descriptors per transfer "
+                               "(telemetry descCount, after NIXL merged adjacent blocks)",
+        "client": "bench/lib/client.py StreamConn (asyncio, keep-alive) in this process; pinned where `up` "
+                  "pins the control plane (P/D: the prefill core; aggregated: unpinned), see client_cores",
         "request": "POST /v1/completions with token-id prompts, stream, include_usage",
         "machine": mach, "git": git_commit(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -485,6 +561,8 @@ def main() -> None:
         goals["pd_itl_p99_ratio_met"] = summary["pd"]["itl_p99_ratio_median"] <= GOAL_ITL_P99_RATIO
         fr = [f for f in summary["pd"].get("transfer_fraction_of_raw_each", []) if f is not None]
         goals["transfer_fraction_met"] = bool(fr) and statistics.median(fr) >= GOAL_TRANSFER_FRACTION
+        fl = [f for f in summary["pd"].get("transfer_fraction_of_raw_under_load_each", []) if f is not None]
+        goals["transfer_fraction_under_load_met"] = bool(fl) and statistics.median(fl) >= GOAL_TRANSFER_FRACTION
     if "agg" in summary and "pd" in summary:
         goals["agg_over_pd_interference_itl_p99"] = (
             round(summary["agg"]["interference_itl_p99_ms"] / summary["pd"]["interference_itl_p99_ms"], 3)

@@ -68,7 +68,13 @@ def _coalesced(base: int, regions: int, num_blocks: int, block_bytes: int, start
     return [(base + (r * num_blocks + start) * block_bytes, count * block_bytes, 0) for r in range(regions)]
 
 
-def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int]) -> None:
+def _pin(core: int | None) -> None:
+    if core is not None and core in os.sched_getaffinity(0):
+        os.sched_setaffinity(0, {core})
+
+
+def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int], core: int | None = None) -> None:
+    _pin(core)
     agent = _agent("target")
     buf = _layout(regions, num_blocks, block_bytes)
     reg = agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
@@ -85,7 +91,9 @@ def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[
     conn.send("stopped")
 
 
-def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: list[int], repeats: int) -> None:
+def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: list[int], repeats: int,
+              core: int | None = None, interval_s: float = 0.0) -> None:
+    _pin(core)
     agent = _agent("initiator")
     buf = _layout(regions, num_blocks, block_bytes)
     reg = agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
@@ -103,6 +111,7 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
         idx = list(range(len(local)))
         times = []
         for i in range(repeats + 1):
+            time.sleep(interval_s)  # spaced out: sampling a busy machine, not hammering it
             t0 = time.perf_counter()
             handle = agent.make_prepped_xfer("READ", local_h, idx, remote_h, idx, f"r{i}".encode())
             state = agent.transfer(handle)
@@ -131,7 +140,10 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
 
 
 def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache_blocks: int = 1024,
-        repeats: int = 30, seed: int = 0, split_kv: bool = False) -> dict:
+        repeats: int = 30, seed: int = 0, split_kv: bool = False, cores: tuple[int, int] | None = None,
+        interval_s: float = 0.0) -> dict:
+    """``cores``: (target core, initiator core) to pin the two processes to, e.g. a P/D graph's prefill and
+    decode cores while that graph is under load; None: unpinned."""
     shape = kv_shape(model)
     kv_bytes = block_size * shape["kv_heads"] * shape["head_dim"] * DTYPE_BYTES[dtype]  # K (or V) of one block
     # vLLM CPU (LBHNC): one region per layer, K+V of a block adjacent; split_kv: K and V regions apart.
@@ -144,8 +156,10 @@ def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache
     t_conn, t_child = ctx.Pipe()
     i_conn, i_child = ctx.Pipe()
     load_before = os.getloadavg()
-    tp = ctx.Process(target=target, args=(t_child, regions, cache_blocks, block_bytes, src_ids))
-    ip = ctx.Process(target=initiator, args=(i_child, regions, cache_blocks, block_bytes, dst_ids, repeats))
+    t_core, i_core = cores if cores is not None else (None, None)
+    tp = ctx.Process(target=target, args=(t_child, regions, cache_blocks, block_bytes, src_ids, t_core))
+    ip = ctx.Process(target=initiator, args=(i_child, regions, cache_blocks, block_bytes, dst_ids, repeats, i_core,
+                                             interval_s))
     tp.start()
     ip.start()
     try:
@@ -166,7 +180,9 @@ def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache
         "block_size": block_size, "block_bytes": block_bytes, "prompt_blocks": prompt_blocks,
         "regions": regions, "split_kv": split_kv, "cache_blocks": cache_blocks, "memory": "DRAM", "backend": "NIXL UCX",
         "nixl_agent_config": "enable_prog_thread=False, backends=[]; UCX ucx_error_handling_mode=none",
-        "processes": "2 (spawn), no CPU pinning", "timing": "make_prepped_xfer + transfer + poll to DONE",
+        "processes": "2 (spawn), " + (f"target on core {t_core}, initiator on core {i_core}" if cores is not None
+                                      else "no CPU pinning"),
+        "interval_s": interval_s, "timing": "make_prepped_xfer + transfer + poll to DONE",
         "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }}
