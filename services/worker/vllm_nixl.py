@@ -18,36 +18,45 @@ per engine, idle or not (measured here: ~0.8-1.0 core per VLLM::Worker process w
 machine that is one core taken from the engines' compute: a 2,000-token prefill took 30-40 s instead of ~2 s
 and decode steps of the steady streams slowed (bench/interference.py).
 
-The thread cannot simply be turned off: vLLM's prefill engine does not poll NIXL while idle, so without it the
-decode side's READ never completes its wire-up and the blocks expire (seen: "Releasing expired KV blocks ...
-retrieved by 0 remote worker(s)"). Instead the agent is made with a delay: the thread then sleeps up to that
-long between UCX polls, and the delay depends on which side of a READ the engine is on:
+What the thread is for depends on the engine's side of a READ:
 
-- READ target (prefill, ``kv_producer``; and ``kv_both``): ``TARGET_DELAY_US`` = 1 ms. A decode engine's READ
-  of this engine's blocks waits on this engine's progress, and a busy prefill engine's own thread is inside a
-  forward pass for seconds: with a 100 ms delay a 24.8 MB READ took 43-47 ms under load (10 prompts, twice).
+- READ target (prefill, ``kv_producer``; and ``kv_both``): the thread stays, with a delay of
+  ``TARGET_DELAY_US`` = 1 ms between UCX polls. A decode engine's READ of this engine's blocks waits on this
+  engine's progress (wire-up, notifications), and vLLM's prefill engine does not poll NIXL while idle or while
+  its thread is inside a seconds-long forward pass: without the thread the blocks expired ("Releasing expired
+  KV blocks ... retrieved by 0 remote worker(s)"); with a 100 ms delay a 24.8 MB READ took 43-47 ms under load.
   Idle cost at 1 ms: ~3% of a core.
-- READ initiator (decode, ``kv_consumer``): ``INITIATOR_DELAY_US`` = 100 ms. The engine thread drives its own
-  READs (vLLM polls ``check_xfer_state`` every step) and the thread shares the engine's one core: each wake-up
-  contends with the engine thread for the UCX worker in the middle of a READ. Measured (100M model bf16,
-  2,000-token prompts, 24.8 MB in 12-24 merged descriptors): idle graph, READ 5.5-15 ms at 1 ms, 3.5-4.3 ms at
-  100 ms; under load (8 decoding streams, a long prompt every 3 s, bench/interference.py) 11 ms (2.2 GB/s) at
-  1 ms, 5.8 ms (4.2 GB/s) at 100 ms.
+- READ initiator (decode, ``kv_consumer``): no thread. On CPU the whole UCX/CMA READ runs inside
+  ``transfer()`` on the engine thread, and vLLM polls ``check_xfer_state`` and the notifications every step.
+  A thread here shares the engine's one core and wakes up during every READ to contend for the UCX worker:
+  measured per READ (100M model bf16, 2,000-token prompt, 24.8 MB in 12-24 merged descriptors, 8 decoding
+  streams, a long prompt every 3 s): with the thread (even at a 100 ms delay) the engine thread sat 2-11 ms in
+  the run queue while that thread ran 2.7-10.6 ms, READ 5-16 ms; without it 0.2-0.7 ms in the run queue, READ
+  2.2-5.1 ms. vLLM calls the agent from its handshake thread too, so this agent serializes its own calls
+  (``NIXL_THREAD_SYNC_RW``; vLLM's default mode does not).
 
-vLLM offers no setting for it, so the engine names this module's class as vLLM's ``worker_extension_cls``:
+vLLM offers no setting for either, so the engine names this module's class as vLLM's ``worker_extension_cls``:
 vLLM imports it in the worker process before it creates the KV connector, and importing it makes every nixl
-agent built by ``nixl._api.nixl_agent`` use the delay.
+agent built by ``nixl._api.nixl_agent`` take these settings.
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from dataclasses import dataclass
 from typing import Any
 
 QUALNAME = "services.worker.vllm_nixl.SleepingNixlProgressThread"
 TARGET_DELAY_US = 1000
-INITIATOR_DELAY_US = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressThread:
+    """How an engine's NIXL agent progresses transfers in the background (see the module docstring)."""
+
+    enabled: bool
+    delay_us: int = 0
 
 
 def _keep_core() -> None:
@@ -70,9 +79,10 @@ def _keep_core() -> None:
     base_worker.os = _Os("os")
 
 
-def progress_delay_us(kv_role: str | None) -> int:
-    """The progress thread's delay for an engine on this side of a READ (see the module docstring)."""
-    return INITIATOR_DELAY_US if kv_role == "kv_consumer" else TARGET_DELAY_US
+def progress_thread_for(kv_role: str | None) -> ProgressThread:
+    if kv_role == "kv_consumer":  # the READ initiator drives its own transfers
+        return ProgressThread(enabled=False)
+    return ProgressThread(enabled=True, delay_us=TARGET_DELAY_US)
 
 
 def _current_kv_role() -> str | None:
@@ -81,7 +91,7 @@ def _current_kv_role() -> str | None:
         from vllm.config import get_current_vllm_config
 
         kv = get_current_vllm_config().kv_transfer_config
-    except Exception:  # noqa: BLE001 - no current config (an agent made outside vLLM): the target's delay
+    except Exception:  # noqa: BLE001 - no current config (an agent made outside vLLM): a target's thread
         return None
     return kv.kv_role if kv is not None else None
 
@@ -99,7 +109,7 @@ def _patch() -> bool:
         return False
 
     class _Bindings(types.ModuleType):
-        """nixl's bindings module, except that agents get a progress-thread delay instead of 0."""
+        """nixl's bindings module, except that agents get our progress-thread settings."""
 
         _splitserve_patched = True
 
@@ -107,9 +117,12 @@ def _patch() -> bool:
             return getattr(real, name)
 
     def nixl_agent(name: str, config: Any) -> Any:
-        delay_us = progress_delay_us(_current_kv_role())
-        if getattr(config, "useProgThread", False) and config.pthrDelay < delay_us:
-            config.pthrDelay = delay_us
+        thread = progress_thread_for(_current_kv_role())
+        if not thread.enabled:
+            config.useProgThread = False
+            config.syncMode = real.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
+        elif getattr(config, "useProgThread", False) and config.pthrDelay < thread.delay_us:
+            config.pthrDelay = thread.delay_us
         return real.nixlAgent(name, config)
 
     bindings = _Bindings(real.__name__)

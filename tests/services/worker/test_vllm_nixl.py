@@ -1,4 +1,4 @@
-"""The NIXL progress thread's delay by the engine's side of a READ (services/worker/vllm_nixl.py)."""
+"""The NIXL progress thread by the engine's side of a READ (services/worker/vllm_nixl.py)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from services.worker.vllm_nixl import INITIATOR_DELAY_US, TARGET_DELAY_US, progress_delay_us  # noqa: E402
+from services.worker.vllm_nixl import TARGET_DELAY_US, ProgressThread, progress_thread_for  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    ("kv_role", "delay_us"),
+    ("kv_role", "expected"),
     [
-        ("kv_consumer", INITIATOR_DELAY_US),  # decode: drives its own READs, the thread would contend
-        ("kv_producer", TARGET_DELAY_US),  # prefill: others' READs wait on its progress
-        ("kv_both", TARGET_DELAY_US),
-        (None, TARGET_DELAY_US),
+        ("kv_consumer", ProgressThread(enabled=False)),  # decode: drives its own READs, a thread would contend
+        ("kv_producer", ProgressThread(enabled=True, delay_us=TARGET_DELAY_US)),  # prefill: READs wait on it
+        ("kv_both", ProgressThread(enabled=True, delay_us=TARGET_DELAY_US)),
+        (None, ProgressThread(enabled=True, delay_us=TARGET_DELAY_US)),
     ],
 )
-def test_progress_delay_by_role(kv_role: str | None, delay_us: int) -> None:
-    assert progress_delay_us(kv_role) == delay_us
-    assert TARGET_DELAY_US < INITIATOR_DELAY_US
+def test_progress_thread_by_role(kv_role: str | None, expected: ProgressThread) -> None:
+    assert progress_thread_for(kv_role) == expected
