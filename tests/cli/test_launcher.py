@@ -36,3 +36,12 @@ def test_workers_get_distinct_ids() -> None:
 )
 def test_control_plane_cores(roles: list[str], num_cores: int, expected: set[int]) -> None:
     assert control_plane_cores(roles, num_cores) == frozenset(expected)
+
+
+def test_free_ports_avoid_the_ephemeral_range_and_repeats() -> None:
+    from cli.launcher import _ephemeral_range, free_port
+
+    lo, _ = _ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(10_000 <= p < lo for p in ports)
