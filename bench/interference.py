@@ -23,9 +23,10 @@ Configurations (one run, alternating A B A B ... to cancel the shared machine's 
         over NIXL (vLLM NixlConnector, UCX, kv_buffer_device cpu).
 
 Goal (issue): P/D steady-stream ITL p99 with long prompts within 1.25x of its own baseline, while aggregated
-shows the stall; transfer GB/s >= 70% of the raw NIXL READ of the same bytes.
+shows the stall; transfer GB/s >= 70% of the raw NIXL READ of the same bytes (bench/kv_transfer.py: per pull,
+median against median; P/D runs first send --idle-pulls long prompts one at a time for the idle figure).
 
-    python bench/interference.py [--model models/tiny-100m] [--dtype bfloat16] [--order agg,pd,agg,pd]
+    python bench/interference.py [--model models/tiny-100m] [--dtype float32|bfloat16] [--order agg,pd,agg,pd]
         [--baseline-s 30] [--interference-s 36] [--long-interval-s 3] [--out bench/results/interference.json]
 """
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import statistics
@@ -49,8 +49,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.frontend import git_commit, graph_pids, machine, proc_cpu_s  # noqa: E402
 from bench.lib.client import ConnPool, StreamResult, build_request  # noqa: E402
+from bench.kv_transfer import compare_to_raw, pulls_against_raw, pulls_between  # noqa: E402
 from bench.lib.graph import LocalGraph, tree_pids  # noqa: E402
 from cli.launcher import control_plane_cores  # noqa: E402
+from services.worker.vllm_dtype import cpu_has_fast_bf16  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 CONFIGS = {
@@ -65,6 +67,7 @@ CONFIGS = {
 }
 GOAL_ITL_P99_RATIO = 1.25
 GOAL_TRANSFER_FRACTION = 0.70
+RAW_CORES = (0, 1)  # raw READ (target, initiator) placed like the P/D graph's (prefill, decode) engines
 STALL_S = 0.25  # an inter-token gap this long counts as a stall
 
 
@@ -162,24 +165,6 @@ async def worker_stats(router: str) -> dict[str, dict]:
         ctx.destroy(linger=0)
 
 
-def compare_to_raw(gbps: float, descriptors: float, ref: dict) -> dict:
-    """The transfer's GB/s over the raw NIXL READ of the same bytes with the same descriptor shape.
-
-    vLLM posts one descriptor per block and layer (here 756); NIXL merges adjacent ones (telemetry descCount,
-    e.g. 12 when both sides' block ids are consecutive). The like-for-like raw READ is the reference variant
-    whose descriptor count is nearest the posted one: "coalesced" (one per region) or "scattered" (one per
-    block). Unknown counts (0) compare with "coalesced", the faster one.
-    """
-    like = "coalesced"
-    if descriptors > 0:
-        like = min(("scattered", "coalesced"),
-                   key=lambda k: abs(math.log(ref[k]["num_descriptors"] / descriptors)))
-    return {"raw_reference": like, "raw_nixl_read_gbps_median": ref[like]["gbps_median"],
-            "fraction_of_raw_nixl_read": round(gbps / ref[like]["gbps_median"], 3),
-            "fraction_of_raw_scattered": round(gbps / ref["scattered"]["gbps_median"], 3),
-            "fraction_of_raw_coalesced": round(gbps / ref["coalesced"]["gbps_median"], 3)}
-
-
 async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
     """The raw NIXL READ reference again, on the graph's cores while it serves the interference load.
 
@@ -193,7 +178,7 @@ async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
     extra: list[StreamResult] = []
     ref = asyncio.ensure_future(asyncio.to_thread(
         nixl_run, args.model, args.dtype, args.long_isl, args.block_size, repeats=args.loaded_ref_repeats,
-        cores=(0, 1), interval_s=args.long_interval_s / 4))
+        cores=RAW_CORES, interval_s=args.long_interval_s / 4))
     sent = []
     while not ref.done():
         sent.append(asyncio.ensure_future(load.one(args.long_isl, args.long_osl, extra)))
@@ -202,6 +187,31 @@ async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
         t.cancel()
     await asyncio.gather(*sent, return_exceptions=True)
     return {**ref.result(), "long_prompts_sent_meanwhile": len(sent)}
+
+
+async def idle_pulls(args: argparse.Namespace, router: str, load: "Load", ref: dict | None,
+                     ref_spaced: dict | None) -> dict:
+    """KV pulls with nothing else running: --idle-pulls long prompts one at a time, --idle-gap-s apart.
+
+    Set against the raw READ measured on the same two cores with the machine otherwise idle, this is what the
+    serving path (vLLM's connector, its descriptor lists, the READ inside a decode step) costs over NIXL itself;
+    the interference phase then says what contention adds.
+    """
+    before = await worker_stats(router)
+    sink: list[StreamResult] = []
+    for _ in range(args.idle_pulls):
+        try:
+            await load.one(args.long_isl, args.long_osl, sink)
+        except asyncio.TimeoutError:  # counted as not ok; its pull, if any, still counts
+            pass
+        await asyncio.sleep(args.idle_gap_s)
+    after = await worker_stats(router)
+    decode = [wid for wid, st in after.items() if st["role"] == "decode"]
+    pulls = pulls_between(before.get(decode[0], {}), after[decode[0]]) if decode else []
+    summary = pulls_against_raw(pulls, ref)
+    if ref_spaced is not None and "gbps_median" in summary:
+        summary["vs_raw_spaced"] = compare_to_raw(summary["gbps_median"], summary["descriptors_median"], ref_spaced)
+    return {"prompts": len(sink), "ok": sum(1 for r in sink if r.ok), "gap_s": args.idle_gap_s, "pulls": summary}
 
 
 # ------------------------------------------------------------------------------------------- graph
@@ -294,7 +304,8 @@ def windows_gaps(results: list[StreamResult], windows: list[tuple[float, float]]
     return out
 
 
-async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref: dict | None) -> dict:
+async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref: dict | None,
+                     nixl_ref_spaced: dict | None = None) -> dict:
     log_path = Path(args.log_dir) / f"interference-{index}-{config}.log"
     graph = LocalGraph(up_args(args, config), log_path)
     load_before = loadavg()
@@ -321,6 +332,9 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
         await asyncio.gather(load.one(args.steady_isl, 8, warm), load.one(args.long_isl, args.long_osl, warm))
         out["warmup"] = [{"ok": r.ok, "error": r.error, "ttft_ms": ms(r.chunk_times_s[0]) if r.chunk_times_s else None}
                          for r in warm]
+
+        if config.startswith("pd") and args.idle_pulls > 0:
+            out["idle_pulls"] = await idle_pulls(args, graph.router, load, nixl_ref, nixl_ref_spaced)
 
         def snapshot() -> dict:
             return {"t": time.perf_counter(), "cpu": {k: tree_cpu_s(p) for k, p in pids.items()},
@@ -379,7 +393,8 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
                     "transfer_bytes": nbytes, "transfer_seconds": round(secs, 6),
                     "transfer_descriptors": st.get("num_transfer_descriptors", 0) - prev.get("num_transfer_descriptors", 0),
                     "transfer_gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
-                    "prefix_hits": st["num_prefix_hits"] - prev.get("num_prefix_hits", 0)}
+                    "prefix_hits": st["num_prefix_hits"] - prev.get("num_prefix_hits", 0),
+                    "pulls": pulls_against_raw(pulls_between(prev, st), nixl_ref)}
             out[name] = ph
         longs = [r for r in load.longs]
         ok = [r for r in longs if r.ok and r.chunk_times_s]
@@ -414,13 +429,10 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
                 out["transfer"] = {**dec[0], "bytes_per_transfer": dec[0]["transfer_bytes"] // n,
                                    "seconds_per_transfer_ms": round(dec[0]["transfer_seconds"] / n * 1e3, 3),
                                    "descriptors_per_transfer": round(dec[0]["transfer_descriptors"] / n, 1)}
-                if nixl_ref:
-                    out["transfer"].update(compare_to_raw(dec[0]["transfer_gbps"], dec[0]["transfer_descriptors"] / n,
-                                                          nixl_ref))
-                if "nixl_read_under_load" in out:
-                    loaded = compare_to_raw(dec[0]["transfer_gbps"], dec[0]["transfer_descriptors"] / n,
-                                            out["nixl_read_under_load"])
-                    out["transfer"]["under_load"] = loaded
+                pulls = dec[0]["pulls"]
+                if "nixl_read_under_load" in out and "gbps_median" in pulls:
+                    pulls["vs_raw_under_load"] = compare_to_raw(pulls["gbps_median"], pulls["descriptors_median"],
+                                                                out["nixl_read_under_load"])
         out["steady_requests"] = {"finished_ok": sum(1 for r in load.steady if r.ok),
                                   "errors": sorted({r.error for r in load.steady if r.error and r.error != "cancelled"})[:5]}
     finally:
@@ -459,20 +471,37 @@ def summarize(runs: list[dict]) -> dict:
             "long_ttft_p99_ms": med(["long_prompts", "ttft_ms", "p99"]),
         }
         if config.startswith("pd"):
-            summary[config]["transfer_gbps_each"] = [r.get("transfer", {}).get("transfer_gbps") for r in rs]
-            summary[config]["transfer_fraction_of_raw_each"] = [
-                r.get("transfer", {}).get("fraction_of_raw_nixl_read") for r in rs]
-            summary[config]["transfer_raw_reference_each"] = [r.get("transfer", {}).get("raw_reference") for r in rs]
-            summary[config]["transfer_fraction_of_raw_under_load_each"] = [
-                r.get("transfer", {}).get("under_load", {}).get("fraction_of_raw_nixl_read") for r in rs]
-            summary[config]["transfer_ms_each"] = [r.get("transfer", {}).get("seconds_per_transfer_ms") for r in rs]
+            def each(*path):
+                vals = []
+                for r in rs:
+                    v = r
+                    for p in path:
+                        v = v.get(p) if isinstance(v, dict) else None
+                    vals.append(v)
+                return vals
+            summary[config]["transfer"] = {
+                # Per pull, median over the phase's pulls, as a fraction of the median raw READ (like for like).
+                "idle_pull_ms_median_each": each("idle_pulls", "pulls", "ms_median"),
+                "idle_fraction_of_raw_idle_each": each("idle_pulls", "pulls", "vs_raw", "fraction_of_raw_nixl_read"),
+                "idle_fraction_of_raw_spaced_each": each("idle_pulls", "pulls", "vs_raw_spaced",
+                                                         "fraction_of_raw_nixl_read"),
+                "loaded_pull_ms_median_each": each("transfer", "pulls", "ms_median"),
+                "loaded_pull_ms_max_each": each("transfer", "pulls", "ms_max"),
+                "loaded_fraction_of_raw_under_load_each": each("transfer", "pulls", "vs_raw_under_load",
+                                                              "fraction_of_raw_nixl_read"),
+                "loaded_fraction_of_raw_idle_each": each("transfer", "pulls", "vs_raw", "fraction_of_raw_nixl_read"),
+                # Bytes over summed seconds of the loaded phase (slow pulls weigh most).
+                "loaded_aggregate_gbps_each": each("transfer", "transfer_gbps"),
+                "raw_reference_each": each("transfer", "pulls", "vs_raw", "raw_reference"),
+            }
     return summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny-100m")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=None,
+                    help="default: bfloat16 where the CPU has native bf16 (AVX512-BF16/AMX), else float32")
     ap.add_argument("--order", default="agg,pd,agg,pd")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--steady-isl", type=int, default=32)
@@ -489,11 +518,15 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--ready-timeout-s", type=float, default=180.0)
     ap.add_argument("--nixl-repeats", type=int, default=20)
+    ap.add_argument("--idle-pulls", type=int, default=8,
+                    help="P/D: long prompts sent one at a time before the steady streams start (0: skip)")
+    ap.add_argument("--idle-gap-s", type=float, default=0.5)
     ap.add_argument("--loaded-ref-repeats", type=int, default=12,
                     help="P/D: raw NIXL READs on the graph's cores under the interference load (0: skip)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--out", type=Path, default=RESULTS / "interference.json")
     args = ap.parse_args()
+    args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
     if not (args.model / "config.json").exists():
         raise SystemExit(f"{args.model}: no model (python -m cli.main model make-tiny --size 100m --out {args.model})")
     model_cfg = json.loads((args.model / "config.json").read_text())
@@ -519,10 +552,14 @@ def main() -> None:
         "transfer_backend": "NIXL UCX via vLLM NixlConnector (pull), kv_buffer_device cpu",
         "itl_definition": "client-side gap between consecutive SSE content chunks of one steady stream, "
                           "assigned to the phase in which the later chunk arrived (first token excluded)",
-        "transfer_definition": "decode worker's WorkerStats: delta num_transfer_bytes / delta "
-                               "transfer_seconds_total (sum of vLLM NIXL telemetry xferDuration per READ); "
-                               "compared with the raw NIXL READ variant nearest in descriptors per transfer "
-                               "(telemetry descCount, after NIXL merged adjacent blocks)",
+        "transfer_definition": "per pull: the decode worker's WorkerStats.recent_transfers (vLLM NIXL telemetry "
+                               "of each READ: xferDuration, totalBytes, descCount after NIXL merged adjacent "
+                               "blocks); a phase's median pull GB/s over the median raw NIXL READ (bench/nixl_read.py, "
+                               "the variant nearest in descriptors) of the same bytes on the same cores "
+                               f"(target {RAW_CORES[0]}, initiator {RAW_CORES[1]}): idle pulls (long prompts one at a "
+                               "time, nothing else running) vs the raw READ with the machine idle; interference-phase "
+                               "pulls vs the raw READ under the same load and vs the idle one. transfer_gbps: bytes "
+                               "over summed seconds of the phase",
         "client": "bench/lib/client.py StreamConn (asyncio, keep-alive) in this process; pinned where `up` "
                   "pins the control plane (P/D: the prefill core; aggregated: unpinned), see client_cores",
         "request": "POST /v1/completions with token-id prompts, stream, include_usage",
@@ -533,14 +570,20 @@ def main() -> None:
     print("raw NIXL READ reference ...", flush=True)
     from bench.nixl_read import run as nixl_run
 
-    nixl_ref = nixl_run(args.model, args.dtype, args.long_isl, args.block_size, repeats=args.nixl_repeats)
-    print(f"  scattered {nixl_ref['scattered']['gbps_median']} GB/s, coalesced {nixl_ref['coalesced']['gbps_median']} GB/s",
-          flush=True)
+    # On the cores the P/D graph gives its engines (prefill 0: the READ target; decode 1: the initiator).
+    nixl_ref = nixl_run(args.model, args.dtype, args.long_isl, args.block_size, repeats=args.nixl_repeats,
+                        cores=RAW_CORES)
+    # Spaced like the idle pulls: a READ every --idle-gap-s finds colder caches than back-to-back READs do.
+    nixl_ref_spaced = nixl_run(args.model, args.dtype, args.long_isl, args.block_size, repeats=args.nixl_repeats // 2,
+                               cores=RAW_CORES, interval_s=args.idle_gap_s)
+    for name, ref in (("back-to-back", nixl_ref), (f"every {args.idle_gap_s} s", nixl_ref_spaced)):
+        print(f"  {name}: scattered {ref['scattered']['gbps_median']} GB/s, coalesced "
+              f"{ref['coalesced']['gbps_median']} GB/s", flush=True)
     runs = []
     for i, config in enumerate(args.order.split(",")):
         print(f"[{i}] {config}: {CONFIGS[config][0]} ...", flush=True)
         try:
-            r = asyncio.run(run_config(args, config, i, nixl_ref))
+            r = asyncio.run(run_config(args, config, i, nixl_ref, nixl_ref_spaced))
         except Exception as exc:  # keep what finished
             r = {"config": config, "index": i, "error": repr(exc)}
             print(f"  failed: {exc!r}", flush=True)
@@ -550,26 +593,33 @@ def main() -> None:
             print(f"  start {r['graph_start_s']} s; ITL p50/p99 baseline {b['p50']}/{b['p99']} ms, with long prompts "
                   f"{x['p50']}/{x['p99']} ms (p99 x{r['ratios']['itl_p99_interference_over_baseline']}); long TTFT "
                   f"p50 {r['long_prompts']['ttft_ms']['p50']} ms ({r['long_prompts']['ok']}/{r['long_prompts']['sent']} ok); "
-                  f"transfer {r.get('transfer', {}).get('transfer_gbps')} GB/s; {r['elapsed_s']} s, load {r['loadavg_after']}",
+                  f"pulls: idle {r.get('idle_pulls', {}).get('pulls', {}).get('ms_median')} ms, loaded "
+                  f"{r.get('transfer', {}).get('pulls', {}).get('ms_median')} ms (median); {r['elapsed_s']} s, load {r['loadavg_after']}",
                   flush=True)
-        doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "runs": runs}
+        doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "nixl_read_reference_spaced": nixl_ref_spaced,
+               "runs": runs}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     summary = summarize([r for r in runs if "ratios" in r])
     goals = {"pd_itl_p99_ratio_max": GOAL_ITL_P99_RATIO, "transfer_fraction_min": GOAL_TRANSFER_FRACTION}
     if "pd" in summary and summary["pd"]["itl_p99_ratio_median"] is not None:
         goals["pd_itl_p99_ratio_met"] = summary["pd"]["itl_p99_ratio_median"] <= GOAL_ITL_P99_RATIO
-        fr = [f for f in summary["pd"].get("transfer_fraction_of_raw_each", []) if f is not None]
-        goals["transfer_fraction_met"] = bool(fr) and statistics.median(fr) >= GOAL_TRANSFER_FRACTION
-        fl = [f for f in summary["pd"].get("transfer_fraction_of_raw_under_load_each", []) if f is not None]
-        goals["transfer_fraction_under_load_met"] = bool(fl) and statistics.median(fl) >= GOAL_TRANSFER_FRACTION
+        tr = summary["pd"]["transfer"]
+
+        def median_met(key: str) -> bool:
+            vals = [f for f in tr[key] if f is not None]
+            return bool(vals) and statistics.median(vals) >= GOAL_TRANSFER_FRACTION
+        goals["transfer_fraction_idle_met"] = median_met("idle_fraction_of_raw_idle_each")
+        goals["transfer_fraction_under_load_met"] = median_met("loaded_fraction_of_raw_under_load_each")
+        goals["transfer_fraction_loaded_vs_idle_raw_met"] = median_met("loaded_fraction_of_raw_idle_each")
     if "agg" in summary and "pd" in summary:
         goals["agg_over_pd_interference_itl_p99"] = (
             round(summary["agg"]["interference_itl_p99_ms"] / summary["pd"]["interference_itl_p99_ms"], 3)
             if summary["agg"]["interference_itl_p99_ms"] and summary["pd"]["interference_itl_p99_ms"] else None)
     conditions["machine"]["loadavg_after"] = loadavg()
     conditions["elapsed_s"] = round(time.monotonic() - began, 1)
-    doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "runs": runs, "summary": summary, "goals": goals}
+    doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "nixl_read_reference_spaced": nixl_ref_spaced,
+           "runs": runs, "summary": summary, "goals": goals}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({"summary": summary, "goals": goals}, indent=2))
     print(f"wrote {args.out} ({conditions['elapsed_s']} s)")

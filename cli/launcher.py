@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,8 +144,12 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
         return 36864 * spec.block_size
     from common.tiny_model import validate_model_dir
 
+    from services.worker.vllm_dtype import resolved_dtype
+
     info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
-    dtype = info.torch_dtype if spec.dtype == "auto" else spec.dtype
+    # As each engine resolves it (on a CPU without native bf16, `auto` is float32); "auto" left: the model's.
+    dtype = resolved_dtype(spec.dtype, info.torch_dtype, on_cuda=shutil.which("nvidia-smi") is not None).dtype
+    dtype = info.torch_dtype if dtype == "auto" else dtype
     return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
 
 

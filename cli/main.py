@@ -15,6 +15,8 @@ import typer
 from cli.logs import configure_logging
 from cli.runner import run_service
 
+DTYPE_HELP = "vLLM: auto (the model's; float32 for a 16-bit model on a CPU without native bf16) | float32 | bfloat16"
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Disaggregated LLM serving.")
 model_app = typer.Typer(no_args_is_help=True, help="Model directories.")
 app.add_typer(model_app, name="model")
@@ -94,7 +96,7 @@ def worker(
     kvtier_write_through: Optional[bool] = typer.Option(
         None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
         "connector API does not expose evictions, so write-through is its only save path)"),
-    dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
@@ -282,7 +284,7 @@ def up(
     disk_cache_gb: float = typer.Option(0.0, help="kvtier NVMe tier, GiB (0: none)"),
     disk_cache_dir: Optional[Path] = typer.Option(None, help="kvtier NVMe directory (default: a temp dir)"),
     kvtier_metrics_port: int = typer.Option(0, help="kvtier Prometheus port (0: none)"),
-    dtype: str = typer.Option("auto"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)"),
@@ -431,7 +433,7 @@ def profile(
     output: Path = typer.Option(Path("bench/results/profile.json"), help="Profile JSON to write"),
     quick: bool = typer.Option(False, help="Fewer points, ~2 minutes budget (tests, smoke checks)"),
     max_seconds: Optional[float] = typer.Option(None, help="Soft time budget (default 600, quick 150)"),
-    dtype: str = typer.Option("auto", help="vLLM: auto | float32 | bfloat16"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     block_size: int = typer.Option(32, help="Tokens per KV block"),
     core: Optional[int] = typer.Option(0, help="vLLM on CPU: pin the engine to this core"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),

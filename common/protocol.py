@@ -175,6 +175,16 @@ class GetStats(_Msg, frozen=True):
     request_id: str
 
 
+class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One finished KV pull, as the decode engine timed it (vLLM: the NIXL telemetry of one READ)."""
+
+    seq: int  # 1-based: this was the worker's seq-th pull (compare with WorkerStats.num_transfers)
+    seconds: float  # post to completion
+    num_bytes: int
+    num_descriptors: int = 0  # after NIXL merged adjacent blocks; 0 where unknown (mock)
+    post_seconds: float = 0.0  # inside the post call (NIXL on CPU copies there); 0 where unknown
+
+
 class WorkerStats(_Msg, frozen=True):
     request_id: str
     worker_id: str
@@ -188,6 +198,9 @@ class WorkerStats(_Msg, frozen=True):
     # NIXL descriptors those pulls posted, summed, after NIXL merged adjacent blocks (vLLM: telemetry descCount);
     # 0 where unknown (mock). Says which raw READ a transfer compares with: one per block, or one per region.
     num_transfer_descriptors: int = 0
+    # The last pulls one by one, oldest first (at most services.worker.transfer_log.RECENT_TRANSFERS): sums hide
+    # whether a slow run was a few outliers or every pull.
+    recent_transfers: tuple[TransferSample, ...] = ()
 
 
 # ------------------------------------------------------------------------------- KV events (source -> router)

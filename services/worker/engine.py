@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.protocol import FinishReason, KvTransferParams, SamplingParams, WorkerLoad
+from common.protocol import FinishReason, KvTransferParams, SamplingParams, TransferSample, WorkerLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,8 @@ class EngineCounters:
     # Cumulative sum of every transfer's seconds (not drained), for GetStats.
     transfer_seconds_total: float = 0.0
     num_transfer_descriptors: int = 0
+    # The last pulls one by one, oldest first (not drained), for GetStats.
+    recent_transfers: tuple[TransferSample, ...] = ()
 
 
 class Engine(Protocol):

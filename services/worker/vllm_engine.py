@@ -40,6 +40,7 @@ from services.worker.vllm_params import (
     to_vllm_sampling,
 )
 from services.worker.vllm_kv_events import VllmKvEvents
+from services.worker.vllm_dtype import DtypeChoice, resolved_dtype
 from services.worker.vllm_stats import EngineStatsSink, PromptTokenSources
 
 log = structlog.get_logger(__name__)
@@ -142,6 +143,7 @@ class VllmEngine:
         self._stats = EngineStatsSink()
         self._in_flight: set[str] = set()
         self._kv_bytes_per_block = 0
+        self._dtype = DtypeChoice(self.config.dtype, "as asked")
         self._kv_events: VllmKvEvents | None = None
         self._events_ctx: zmq.asyncio.Context | None = None
 
@@ -151,6 +153,9 @@ class VllmEngine:
             # Otherwise vLLM 0.32 fails deep in start-up: "No common block size for 16 (CPU_ATTN: ...)".
             raise EngineError(f"vLLM's CPU attention needs a block size that is a multiple of 32, got "
                               f"{self.config.block_size}")
+        self._dtype = resolved_dtype(self.config.dtype, self.model_info.torch_dtype, _has_cuda())
+        if self._dtype.dtype != self.config.dtype or self._dtype.emulated:
+            log.warning("vllm_dtype", requested=self.config.dtype, dtype=self._dtype.dtype, reason=self._dtype.reason)
         for key, value in engine_process_env(self.config, core_id=None).items():
             if key != "LD_PRELOAD":
                 os.environ.setdefault(key, value)
@@ -192,7 +197,7 @@ class VllmEngine:
 
         kwargs: dict[str, Any] = {
             "model": str(self.config.model),
-            "dtype": self.config.dtype,
+            "dtype": self._dtype.dtype,
             "block_size": self.config.block_size,
             "num_gpu_blocks_override": self.config.num_blocks,
             "max_model_len": self.config.max_model_len,
@@ -332,12 +337,13 @@ class VllmEngine:
     def counters(self) -> EngineCounters:
         return EngineCounters(
             num_prefix_hits=self._stats.num_prefix_hit_tokens,
-            num_transfers=self._stats.num_transfers,
+            num_transfers=self._stats.transfers.num_transfers,
             num_transfer_failures=self._stats.num_transfer_failures,
-            num_transfer_bytes=self._stats.num_transfer_bytes,
-            transfer_seconds=self._stats.drain_transfer_seconds(),
-            transfer_seconds_total=self._stats.transfer_seconds_total,
-            num_transfer_descriptors=self._stats.num_transfer_descriptors,
+            num_transfer_bytes=self._stats.transfers.num_bytes,
+            transfer_seconds=self._stats.transfers.drain_seconds(),
+            transfer_seconds_total=self._stats.transfers.seconds_total,
+            num_transfer_descriptors=self._stats.transfers.num_descriptors,
+            recent_transfers=self._stats.transfers.recent(),
         )
 
     def prompt_token_sources(self) -> PromptTokenSources:

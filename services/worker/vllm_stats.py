@@ -15,6 +15,8 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
+from services.worker.transfer_log import TransferLog
+
 
 @dataclass(frozen=True, slots=True)
 class PromptTokenSources:
@@ -36,12 +38,8 @@ class EngineStatsSink:
         self.num_prefix_hit_tokens = 0
         self.prompt_sources = PromptTokenSources()
         # NIXL connector stats (decode side records the READs it initiated).
-        self.num_transfers = 0
-        self.num_transfer_bytes = 0
+        self.transfers = TransferLog()
         self.num_transfer_failures = 0
-        self.transfer_seconds: list[float] = []
-        self.transfer_seconds_total = 0.0
-        self.num_transfer_descriptors = 0
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
@@ -67,18 +65,13 @@ class EngineStatsSink:
             if isinstance(value, dict):  # MultiConnector (NIXL + kvtier): each child's stats under its name
                 self._record_connector(value)
         durations = data.get("transfer_duration", [])
-        self.num_transfers += len(durations)
-        self.transfer_seconds.extend(float(d) for d in durations)
-        self.transfer_seconds_total += sum(float(d) for d in durations)
-        self.num_transfer_bytes += int(sum(data.get("bytes_transferred", [])))
-        self.num_transfer_descriptors += int(sum(data.get("num_descriptors", [])))
+        # One entry per READ in each list, in the same order (vLLM's NixlKVConnectorStats.record_transfer).
+        for i, seconds in enumerate(durations):
+            self.transfers.record(float(seconds), int(_at(data, "bytes_transferred", i)),
+                                  int(_at(data, "num_descriptors", i)), float(_at(data, "post_duration", i)))
         self.num_transfer_failures += sum(
             len(data.get(key, [])) for key in ("num_failed_transfers", "num_failed_handshakes")
         )
-
-    def drain_transfer_seconds(self) -> tuple[float, ...]:
-        drained, self.transfer_seconds = tuple(self.transfer_seconds), []
-        return drained
 
     def logger_factory(self) -> Callable[[VllmConfig, int], StatLoggerBase]:
         sink = self
@@ -87,6 +80,11 @@ class EngineStatsSink:
             return _SinkLogger(sink)
 
         return factory
+
+
+def _at(data: dict[str, Any], key: str, i: int) -> float:
+    values = data.get(key, [])
+    return values[i] if i < len(values) else 0
 
 
 class _SinkLogger(StatLoggerBase):

@@ -30,6 +30,7 @@ from services.worker.mock.block_manager import BlockManager, BlocksRemoved, Bloc
 from services.worker.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, SeqSpec, StepPlan
 from services.worker.mock.payload import fake_kv_checksum, fake_kv_payload
 from services.worker.mock.timing import TimingModel
+from services.worker.transfer_log import TransferLog
 
 if TYPE_CHECKING:
     from services.worker.tier_client import TierBackend
@@ -116,9 +117,7 @@ class MockEngine:
         self._failure: BaseException | None = None
         self._closed = False
         self._num_prefix_hits = 0
-        self._num_transfers = 0
-        self._num_transfer_bytes = 0
-        self._transfer_seconds: list[float] = []
+        self._transfers = TransferLog()
         self._tier = config.tier
         self._block_bytes = config.kv_bytes_per_token * config.block_size
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
@@ -181,12 +180,13 @@ class MockEngine:
 
     def counters(self) -> EngineCounters:
         """Cumulative counts; ``transfer_seconds`` holds the transfers finished since the previous call."""
-        transfer_seconds, self._transfer_seconds = tuple(self._transfer_seconds), []
         return EngineCounters(
             num_prefix_hits=self._num_prefix_hits,
-            num_transfers=self._num_transfers,
-            num_transfer_bytes=self._num_transfer_bytes,
-            transfer_seconds=transfer_seconds,
+            num_transfers=self._transfers.num_transfers,
+            num_transfer_bytes=self._transfers.num_bytes,
+            transfer_seconds=self._transfers.drain_seconds(),
+            transfer_seconds_total=self._transfers.seconds_total,
+            recent_transfers=self._transfers.recent(),
         )
 
     async def shutdown(self) -> None:
@@ -397,9 +397,7 @@ class MockEngine:
                 self.num_onboards += 1
                 self.num_onboarded_tokens += num_bytes // self.config.kv_bytes_per_token
             else:
-                self._num_transfers += 1
-                self._num_transfer_bytes += num_bytes
-                self._transfer_seconds.append(transfer_s)
+                self._transfers.record(transfer_s, num_bytes)
             self._wakeup.set()
         except Exception as exc:
             log.exception("mock engine transfer completion failed", request_id=seq_id)

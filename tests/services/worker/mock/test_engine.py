@@ -101,6 +101,7 @@ async def test_disaggregated_equals_aggregated() -> None:
     assert (counters.num_transfers, counters.num_transfer_bytes) == (1, len(PROMPT) * 100)
     assert counters.transfer_seconds == (0.0,)
     assert decode_fresh.counters().transfer_seconds == ()  # drained
+    assert [(t.seq, t.num_bytes) for t in decode_fresh.counters().recent_transfers] == [(1, len(PROMPT) * 100)]
     assert decode_fresh.load().num_free_blocks == 64
     for eng in (prefill, decode, decode_fresh):
         await eng.shutdown()
