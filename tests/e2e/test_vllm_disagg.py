@@ -60,6 +60,13 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     decode = stats["decode-1"]
     assert decode.num_transfers == num_remote and decode.num_transfer_failures == 0
     assert decode.num_transfer_bytes > 0
+    # One telemetry sample per READ, in order; longer prompts (sent in increasing length) pull more bytes.
+    pulls = decode.recent_transfers
+    assert [p.seq for p in pulls] == list(range(1, num_remote + 1))
+    assert sum(p.num_bytes for p in pulls) == decode.num_transfer_bytes
+    assert all(p.seconds > 0 and p.num_descriptors > 0 for p in pulls)
+    sizes = [p.num_bytes for p in pulls]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
 
 
 def test_missing_or_broken_model_dir_fails_at_start(tmp_path) -> None:
