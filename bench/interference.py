@@ -15,7 +15,7 @@ and summed NIXL READ seconds, vLLM's NIXL telemetry) next to a raw NIXL READ of 
 (bench/nixl_read.py) measured in the same run. Frontend /metrics (prefill decisions local/remote, fallbacks,
 transfer failures) is read before and after each phase, and each process tree's CPU seconds per phase.
 
-Configurations (one run, alternating A B A B ... to cancel the shared machine's drift; DESIGN §7):
+Configurations (one run, alternating A B A B ... to cancel the shared machine's drift; docs/architecture.md#measuring):
   agg   `--aggregated 2`: two role-both workers, one core each; long prompts prefill on whichever worker the
         router picks, among that worker's decoding streams.
   pd    `--prefill 1 --decode 1`: steady streams prefill locally on the decode worker (prompt <=
@@ -52,7 +52,7 @@ from bench.lib.client import ConnPool, StreamResult, build_request  # noqa: E402
 from bench.kv_transfer import compare_to_raw, pulls_against_raw, pulls_between  # noqa: E402
 from bench.lib.graph import LocalGraph, tree_pids  # noqa: E402
 from cli.launcher import control_plane_cores  # noqa: E402
-from services.worker.vllm_dtype import cpu_has_fast_bf16  # noqa: E402
+from services.worker.engines.vllm.dtype import cpu_has_fast_bf16  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 CONFIGS = {

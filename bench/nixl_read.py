@@ -9,7 +9,7 @@ scattered block ids on both sides (as a busy cache hands them out): ``layers * p
 of one block each, the same bytes vLLM's NixlConnector moves for that prompt. Also a coalesced variant (the same
 bytes as one descriptor per region: block ids adjacent), the best layout can do.
 
-NIXL per DESIGN §5: agents made after spawn, ``nixl_agent_config(enable_prog_thread=False, backends=[])``,
+NIXL per docs/architecture.md#nixl-facts: agents made after spawn, ``nixl_agent_config(enable_prog_thread=False, backends=[])``,
 UCX with ``ucx_error_handling_mode=none``, the target drains ``get_new_notifs``, descriptor lists prepared once.
 
     python bench/nixl_read.py [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000]

@@ -36,7 +36,7 @@ from bench.lib.server import Target  # noqa: E402
 from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
 from services.planner.plan import Slo, Workload, options_from_profile, plan  # noqa: E402
 from services.planner.profile import load_profile, timing_fields, with_serving_overheads  # noqa: E402
-from services.worker.mock.timing import TimingModel  # noqa: E402
+from common.timing import TimingModel  # noqa: E402
 
 WORKLOADS = (
     {"name": "prefill_heavy", "isl": 1024, "osl": 32, "rate_rps": 0.3},

@@ -7,7 +7,7 @@ A round, on fresh token ids each time (no cross-round hits):
 
     P (recomputed)  F1 (recomputed, evicts P)  P (host)  F2  F3 (recomputed; P moves host -> disk)  P (disk)
 
-so the variants interleave (A B A B, DESIGN §7); fillers are reported apart (another ISL). Each P request's
+so the variants interleave (A B A B, docs/architecture.md#measuring); fillers are reported apart (another ISL). Each P request's
 tier hits are checked against kvtier's counters (``valid`` in the samples). Onboarding GB/s comes from the
 connector's own log line per load (lookup + NIXL READ + checksum of every block; ``read_gbps``: the READ alone).
 

@@ -143,8 +143,7 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
     if spec.engine == "mock":
         return 36864 * spec.block_size
     from common.tiny_model import validate_model_dir
-
-    from services.worker.vllm_dtype import resolved_dtype
+    from services.worker.engines.vllm.dtype import resolved_dtype
 
     info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
     # As each engine resolves it (on a CPU without native bf16, `auto` is float32); "auto" left: the model's.

@@ -1,4 +1,4 @@
-"""Block hashes: the one hashing contract every process shares (DESIGN §3).
+"""Block hashes: the one hashing contract every process shares (docs/architecture.md#contracts).
 
 Byte layout, exactly (any other implementation must reproduce it bit for bit):
 

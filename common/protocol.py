@@ -68,7 +68,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # ZeroMQ endpoint of the worker's ROUTER socket for generate requests.
     endpoint: str
     engine: str = "mock"
-    # Seed mixed into block hashes (DESIGN §3); workers of one model must agree.
+    # Seed mixed into block hashes (docs/architecture.md#contracts); workers of one model must agree.
     hash_seed: int = 0
     max_model_len: int = 0
     # The engine publishes KV events; without them the router indexes its own decisions (approximate mode).
@@ -270,7 +270,7 @@ class KvSnapshot(_Msg, frozen=True):
 # ``KvEvents`` with tier "host"/"disk" under its tier id, and answers ``KvSnapshotRequest``. Workers store
 # blocks (``TierStore`` -> ``TierStored``) and load the leading run of a prompt's blocks (``TierLookup`` ->
 # ``TierBlocks``). Stores carry bytes inline (msgpack bin); lookups carry them inline too, or, with
-# ``host_slots``, name slots of kvtier's registered pool for the worker to READ with NIXL (services/kvtier/transfer.py).
+# ``host_slots``, name slots of kvtier's registered pool for the worker to READ with NIXL (common/kvtier/transfer.py).
 
 
 class RegisterTier(_Msg, frozen=True):

@@ -19,7 +19,8 @@ from typing import Literal
 import numpy as np
 import structlog
 
-from services.kvtier.pool import HostPool, NixlHandle
+from common.nixl import NixlHandle
+from services.kvtier.pool import HostPool
 
 log = structlog.get_logger(__name__)
 

@@ -4,7 +4,7 @@ Slot ``i`` is bytes ``[i * block_bytes, (i + 1) * block_bytes)`` of the buffer; 
 uses the slot's first ``size`` bytes. The buffer is allocated with ``np.zeros`` (untouched pages cost no
 memory until written). The slot allocator lives in ``index.TierIndex``; this class only holds the memory.
 
-NIXL (DESIGN §5): ``nixl_agent_config(enable_prog_thread=False, backends=[])``, then the UCX backend with
+NIXL (docs/architecture.md#nixl-facts): ``nixl_agent_config(enable_prog_thread=False, backends=[])``, then the UCX backend with
 ``ucx_error_handling_mode=none`` (peers reading the pool) and the POSIX backend (DRAM<->FILE for the disk
 tier). The whole buffer is registered once, so a later NIXL data path can hand out
 ``(base_addr + slot * block_bytes, size)`` descriptors without registering per block. If the agent cannot
@@ -14,45 +14,15 @@ be made, the pool works unregistered (inline bytes only) and says so in the log.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import structlog
 
+from common.nixl import NixlHandle
+
 log = structlog.get_logger(__name__)
 
 GIB = 1024**3
-
-
-@dataclass
-class NixlHandle:
-    agent: object  # nixl._api.nixl_agent
-    name: str
-    backends: tuple[str, ...]
-
-
-def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX")) -> NixlHandle | None:
-    """A NIXL agent with the given backends (those that fail are skipped); None when NIXL is unusable."""
-    try:
-        from nixl._api import nixl_agent, nixl_agent_config
-
-        agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[]))
-    except Exception as exc:  # not installed, or no UCX: inline bytes only
-        log.warning("nixl_unavailable", error=repr(exc))
-        return None
-    made: list[str] = []
-    for backend in backends:
-        params = {"ucx_error_handling_mode": "none"} if backend == "UCX" else {}
-        try:
-            agent.create_backend(backend, params)
-            made.append(backend)
-        except Exception as exc:
-            log.warning("nixl_backend_failed", backend=backend, error=repr(exc))
-    if not made:
-        log.warning("nixl_unavailable", error="no backend could be created")
-        return None
-    log.info("nixl_agent_ready", name=name, backends=made)
-    return NixlHandle(agent, name, tuple(made))
 
 
 class HostPool:

@@ -1,4 +1,4 @@
-"""The kvtier process: a shared KV store (host pool + NVMe slab) behind a ROUTER socket (DESIGN §6).
+"""The kvtier process: a shared KV store (host pool + NVMe slab) behind a ROUTER socket (docs/architecture.md#kv-tiers).
 
 Workers send ``TierStore`` (blocks their engine evicted, or wrote through after prefill) and ``TierLookup``
 (the continuation of a prompt's locally cached prefix); ``GetStats`` answers ``TierStats``. kvtier
@@ -42,7 +42,8 @@ from common.protocol import (
 )
 from common.transport import Client, Server, TransportConfig, new_id, serve_requests
 from services.kvtier.metrics import KvTierMetrics
-from services.kvtier.pool import GIB, agent_name, make_nixl_agent
+from common.nixl import make_nixl_agent
+from services.kvtier.pool import GIB, agent_name
 from services.kvtier.store import BlockStore
 
 log = structlog.get_logger(__name__)
@@ -273,7 +274,7 @@ class KvTierService:
 
     def _drain_nixl_notifs(self) -> None:
         """Workers READ the pool without notifications, but a target that leaves any undrained can hang its
-        initiators (DESIGN §5): drain whatever arrives."""
+        initiators (docs/architecture.md#nixl-facts): drain whatever arrives."""
         pool = self.store.pool if self.store is not None else None
         if pool is not None and pool.registered and pool.nixl is not None:
             pool.nixl.agent.get_new_notifs()  # type: ignore[attr-defined]

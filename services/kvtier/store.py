@@ -16,8 +16,9 @@ from common.protocol import TierBlock
 from services.kvtier.disk import DiskTier
 from services.kvtier.index import TierIndex
 from services.kvtier.metrics import KvTierMetrics
-from services.kvtier.pool import HostPool, NixlHandle
-from services.kvtier.transfer import InlineTransfer, checksum
+from common.nixl import NixlHandle
+from services.kvtier.pool import HostPool
+from common.kvtier.transfer import InlineTransfer, checksum
 
 log = structlog.get_logger(__name__)
 

@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from services.worker.mock.timing import TimingModel
+from common.timing import TimingModel
 
 _EPS = 1e-9
 
@@ -114,7 +114,7 @@ class PlanOptions:
     max_batch: int = 64  # decode sequences per worker (max_num_seqs, or the profile's largest batch)
     chunk_tokens: int = 2048  # max_num_batched_tokens: the prefill chunk of an aggregated worker
     kv_bytes_per_token: int = 0  # for the reported transfer time (0: not reported)
-    transfer_bytes_per_s: float = 3.4e9  # DESIGN §5 scattered NIXL read
+    transfer_bytes_per_s: float = 3.4e9  # docs/architecture.md#nixl-facts scattered NIXL read
     transfer_latency_s: float = 0.0005
     max_workers: int = 100_000
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from common.protocol import SamplingParams
 from services.worker.engine import Engine, EngineRequest
-from services.worker.mock.timing import TimingModel
+from common.timing import TimingModel
 
 PROFILE_KIND = "splitserve.profile"
 PROFILE_VERSION = 1
@@ -306,7 +306,7 @@ def load_timing(path: Path, speedup: float = 1.0) -> TimingModel:
 async def profile_mock(spec: ProfileSpec, timing: TimingModel | None = None, block_size: int = 16,
                        log: Any = None) -> dict[str, Any]:
     """Profile a mock engine in-process (tests, and to check the pipeline end to end)."""
-    from services.worker.mock.engine import MockEngine, MockEngineConfig
+    from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
 
     timing = timing or TimingModel()
     max_len = spec.max_prompt_tokens + spec.decode_tokens + 1
@@ -333,7 +333,7 @@ def vllm_config_for(model: Path, spec: ProfileSpec, dtype: str = "auto", block_s
                     kv_cache_gib: int = 1) -> Any:
     """The VllmEngineConfig a profile runs: no connector, no prefix cache, one step per prompt."""
     from common.tiny_model import validate_model_dir
-    from services.worker.vllm_engine import VllmEngineConfig
+    from services.worker.engines.vllm.engine import VllmEngineConfig
 
     info = validate_model_dir(model)
     max_len = min(info.max_position_embeddings, 8192)
@@ -346,7 +346,7 @@ def vllm_config_for(model: Path, spec: ProfileSpec, dtype: str = "auto", block_s
 async def profile_vllm(config: Any, spec: ProfileSpec, log: Any = None) -> dict[str, Any]:
     """Profile one VllmEngine in this process. The caller sets the environment first
     (``engine_process_env``: LD_PRELOAD before the process starts, one core)."""
-    from services.worker.vllm_engine import VllmEngine
+    from services.worker.engines.vllm.engine import VllmEngine
 
     engine = VllmEngine(config)
     await engine.start()

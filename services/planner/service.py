@@ -29,7 +29,7 @@ from common.transport import Client, TransportConfig, new_id, open_context
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
 from services.planner.plan import PlanOptions, Workload, plan_disaggregated, prefill_workers_for_quantile
 from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
-from services.worker.mock.timing import TimingModel
+from common.timing import TimingModel
 
 log = structlog.get_logger(__name__)
 

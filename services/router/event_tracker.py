@@ -1,4 +1,4 @@
-"""Per-source KV event numbering: in order, duplicate, restarted, or a gap that needs a snapshot (DESIGN §3).
+"""Per-source KV event numbering: in order, duplicate, restarted, or a gap that needs a snapshot (docs/architecture.md#contracts).
 
 Each source (worker or kvtier) numbers its ``KvEvents`` batches from 0, +1 per batch. The tracker only
 judges numbers; the prefix index acts on its verdicts (apply, drop, buffer, ask for a ``KvSnapshot``).

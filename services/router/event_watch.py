@@ -1,4 +1,4 @@
-"""Notices workers that promise KV events but stopped sending them (DESIGN §3: never silently load-only).
+"""Notices workers that promise KV events but stopped sending them (docs/architecture.md#contracts: never silently load-only).
 
 A worker that registered with ``kv_events`` and keeps getting requests with full blocks must keep publishing
 ``BlockStored`` events. When ``min_requests`` such requests went to it and no event came for ``stale_s``, it

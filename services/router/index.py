@@ -1,4 +1,4 @@
-"""Prefix index: which source holds which chained block hash, in which tier (DESIGN §3).
+"""Prefix index: which source holds which chained block hash, in which tier (docs/architecture.md#contracts).
 
 Chained hashes name whole prefixes, so a flat map hash -> holders is enough (no radix tree): a request's
 overlap on a worker is how far its hash list stays held there. Holders are bitmasks, one bit per source,

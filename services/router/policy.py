@@ -1,4 +1,4 @@
-"""Routing decisions: which decode worker, and whether (and where) to prefill remotely (DESIGN §2, §3).
+"""Routing decisions: which decode worker, and whether (and where) to prefill remotely (docs/architecture.md#a-requests-path, #contracts).
 
 Everything here is a pure function of its arguments except ``Policy``, which only adds the round-robin
 counters and the random generator. Overlaps come from the prefix index; loads from the workers' reports.

@@ -14,6 +14,24 @@ from typing import Protocol
 from common.protocol import FinishReason, KvTransferParams, SamplingParams, TransferSample, WorkerLoad
 
 
+# Prefix-cache changes an engine reports (the worker publishes them as KV events, in our block hashes).
+
+@dataclass(frozen=True, slots=True)
+class BlocksStored:
+    # Chained hashes of blocks that just entered the cache, in sequence order.
+    block_hashes: tuple[int, ...]
+    # Hash of the block before the first one; None when the first one starts a sequence.
+    parent_hash: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksRemoved:
+    block_hashes: tuple[int, ...]
+
+
+KvEvent = BlocksStored | BlocksRemoved
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str

@@ -1,4 +1,4 @@
-"""Publishes an engine's prefix-cache changes to the router as numbered ``KvEvents`` batches (DESIGN §3).
+"""Publishes an engine's prefix-cache changes to the router as numbered ``KvEvents`` batches (docs/architecture.md#contracts).
 
 Events go out on a PUB socket connected to the router's SUB. PUB/SUB may drop under pressure; the batch
 numbers let the router notice and ask for a snapshot, which this class answers from the engine's cache.
@@ -17,7 +17,7 @@ from common import protocol
 from common.protocol import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEvents, KvSnapshot, StoredBlock
 from common.security import secure_client
 from common.transport import TransportConfig
-from services.worker.mock.block_manager import BlocksRemoved, BlocksStored
+from services.worker.engine import BlocksRemoved, BlocksStored
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The block-hash contract (DESIGN §3): pinned values, the documented byte layout, chaining, seeds."""
+"""The block-hash contract (docs/architecture.md#contracts): pinned values, the documented byte layout, chaining, seeds."""
 
 from __future__ import annotations
 

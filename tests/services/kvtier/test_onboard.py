@@ -10,9 +10,9 @@ import pytest
 from common.protocol import SamplingParams
 from services.kvtier.service import KvTierConfig, KvTierService
 from services.worker.engine import EngineRequest
-from services.worker.mock.engine import MockEngine, MockEngineConfig
-from services.worker.mock.timing import TimingModel
-from services.worker.tier_client import FetchedBlock, TierClient, TierClientConfig
+from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
+from common.timing import TimingModel
+from common.kvtier.client import FetchedBlock, TierClient, TierClientConfig
 
 BS, KV_PER_TOKEN = 16, 64  # 1 KiB blocks
 

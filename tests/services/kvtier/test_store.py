@@ -9,9 +9,9 @@ import os
 import pytest
 
 from common.protocol import TierBlock
-from services.kvtier.pool import make_nixl_agent
+from common.nixl import make_nixl_agent
 from services.kvtier.store import BlockStore
-from services.kvtier.transfer import InlineTransfer, checksum
+from common.kvtier.transfer import InlineTransfer, checksum
 
 BLOCK = 4096
 _names = itertools.count()

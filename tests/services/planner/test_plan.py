@@ -26,7 +26,7 @@ from services.planner.plan import (
     smallest_workers,
     steady_batch,
 )
-from services.worker.mock.timing import TimingModel
+from common.timing import TimingModel
 
 TM = TimingModel(prefill_coeffs_s=(0.0, 1e-4, 0.0), decode_base_s=0.010, decode_per_seq_s=0.001,
                  decode_per_kv_token_s=0.0)
@@ -255,7 +255,7 @@ def test_mg1_wait_quantile() -> None:
 
 def test_prefill_workers_for_quantile() -> None:
     from services.planner.plan import prefill_workers_for_quantile
-    from services.worker.mock.timing import TimingModel
+    from common.timing import TimingModel
 
     timing = TimingModel(prefill_coeffs_s=(0.0, 0.001))  # 2,000 tokens: 2 s
     # 0.6 req/s of 2 s prompts: TTFT p90 = 2 s + wait p90 = 6.5 s (2 workers), 4.3 s (3), 3.6 s (4).

@@ -19,7 +19,7 @@ from services.planner.profile import (
     timing_fields,
     write_profile,
 )
-from services.worker.mock.timing import TimingModel
+from common.timing import TimingModel
 
 # Small enough for a test (~3 s), slow enough (speedup 2) that asyncio overhead is a few % of a step.
 SPEC = ProfileSpec(prefill_lengths=(32, 256, 1024), prefill_repeats=2, decode_batches=(1, 8, 32),

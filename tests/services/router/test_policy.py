@@ -1,4 +1,4 @@
-"""Routing decisions, table-driven with exact expectations (DESIGN §2, §3)."""
+"""Routing decisions, table-driven with exact expectations (docs/architecture.md#a-requests-path, #contracts)."""
 
 from __future__ import annotations
 

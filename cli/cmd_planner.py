@@ -1,0 +1,104 @@
+"""`splitserve planner` and `planner-events`: live pool sizing and its ScaleRequests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.logs import configure_logging
+from cli.options import (
+    DEFAULT_ROUTER,
+    CurveDir,
+    LogJson,
+    LogLevel,
+    transport,
+)
+from cli.runner import run_service
+
+
+def planner_cmd(
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    metrics_url: list[str] = typer.Option(["http://127.0.0.1:8000/metrics"], help="Frontend /metrics (repeatable)"),
+    events: str = typer.Option("tcp://127.0.0.1:5590", help="PUB socket for ScaleRequests (orchestrators subscribe)"),
+    slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="p90 targets: ttft_ms=..,itl_ms=.."),
+    profile_path: Optional[Path] = typer.Option(None, "--profile", help="`splitserve profile` JSON (model-based targets)"),
+    interval_s: float = typer.Option(5.0, help="Seconds between decisions"),
+    window_s: float = typer.Option(30.0, help="Each decision reads this many seconds of metrics"),
+    min_prefill: int = typer.Option(1),
+    max_prefill: int = typer.Option(4),
+    min_decode: int = typer.Option(1),
+    max_decode: int = typer.Option(4),
+    max_workers: int = typer.Option(8, help="Most prefill + decode workers"),
+    down_after_intervals: int = typer.Option(3, help="Quiet intervals in a row before a worker is drained"),
+    decisions: Optional[Path] = typer.Option(None, help="Append each interval's observation and decision (JSON lines)"),
+    curve_dir: Optional[Path] = CurveDir,
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Watch the graph's latency, queues and KV usage; publish how many prefill and decode workers it needs."""
+    from services.planner.plan import Slo
+    from services.planner.policy import PlannerConfig
+    from services.planner.service import PlannerService, PlannerServiceConfig
+
+    configure_logging(log_level, log_json, "planner")
+    try:
+        slo_parsed = Slo.parse(slo)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    timing, options = None, None
+    if profile_path is not None:
+        from common.timing import TimingModel
+        from services.planner.plan import options_from_profile
+        from services.planner.profile import load_profile, timing_fields
+
+        try:
+            doc = load_profile(profile_path)
+            timing, options = TimingModel.from_profile(timing_fields(doc)), options_from_profile(doc)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            typer.echo(f"error: --profile {profile_path}: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    policy = PlannerConfig(slo=slo_parsed, min_prefill=min_prefill, max_prefill=max_prefill, min_decode=min_decode,
+                           max_decode=max_decode, max_workers=max_workers, down_after_intervals=down_after_intervals)
+    config = PlannerServiceConfig(router_endpoint=router_endpoint, metrics_urls=tuple(metrics_url), policy=policy,
+                                  events_endpoint=events, interval_s=interval_s, window_s=window_s, timing=timing,
+                                  decisions_path=decisions, transport=transport(curve_dir),
+                                  **({"plan_options": options} if options is not None else {}))
+    run_service(PlannerService(config).run)
+
+
+def planner_events(
+    events: str = typer.Option("tcp://127.0.0.1:5590", help="The planner's PUB socket"),
+    count: int = typer.Option(0, help="Exit after this many (0: never)"),
+) -> None:
+    """Print the planner's ScaleRequests as JSON lines, for an orchestrator script (systemd, kubectl)."""
+    import json
+
+    import zmq
+
+    from common.errors import ProtocolError
+    from common.protocol import ScaleRequest, decode
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(events)
+    try:
+        seen = 0
+        while count == 0 or seen < count:
+            try:
+                msg = decode(sub.recv())
+            except ProtocolError as exc:
+                typer.echo(f"dropped: {exc}", err=True)
+                continue
+            if isinstance(msg, ScaleRequest):
+                typer.echo(json.dumps({"pool": msg.pool, "current": msg.current, "target": msg.target,
+                                       "reason": msg.reason, "seq": msg.seq, "time_s": msg.time_s}))
+                seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+        ctx.term()

@@ -1,0 +1,127 @@
+"""`splitserve worker`: one engine (mock or vLLM) behind a socket, registered with the router."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.logs import configure_logging
+from cli.options import (
+    DEFAULT_ROUTER,
+    DTYPE_HELP,
+    CurveDir,
+    LogJson,
+    LogLevel,
+    reexec_with_engine_env,
+    transport,
+    validated,
+)
+from cli.runner import run_service
+
+
+def worker(
+    model: Path = typer.Option(..., help="HF model directory"),
+    role: str = typer.Option("both", help="prefill | decode | both"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
+    advertise_endpoint: Optional[str] = typer.Option(
+        None, "--advertise", help="Endpoint registered with the router, when peers must dial another address "
+        "than --endpoint (e.g. tcp://prefill:5560 for a container bound to 0.0.0.0)"),
+    served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
+    worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
+    engine: str = typer.Option("mock", help="mock | vllm"),
+    block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
+    num_blocks: Optional[int] = typer.Option(None, help="KV blocks (mock default 2048; vLLM: from memory)"),
+    max_num_seqs: int = typer.Option(64),
+    max_num_batched_tokens: int = typer.Option(2048),
+    mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
+    mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
+    kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
+                               help="kvtier endpoint: offload KV blocks there and onboard prefixes from it "
+                               "(vLLM: through our KV connector, services/worker/engines/vllm/tier/connector.py)"),
+    kvtier_write_through: Optional[bool] = typer.Option(
+        None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
+        "connector API does not expose evictions, so write-through is its only save path)"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
+    kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
+    core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
+    metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM: finish requests for at most this long, then exit"),
+    curve_dir: Optional[Path] = CurveDir,
+    log_level: str = LogLevel,
+    log_json: bool = LogJson,
+) -> None:
+    """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router."""
+    from common.hashing import hash_seed
+    from services.worker.service import WorkerConfig, WorkerService
+
+    configure_logging(log_level, log_json, f"worker-{role}")
+    if role not in ("prefill", "decode", "both"):
+        raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
+    info = validated(model)
+    name = served_model_name or model.resolve().name
+    wid = worker_id or f"{role}-{os.getpid()}"
+    if engine == "mock":
+        from common.timing import TimingModel
+        from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
+
+        if mock_profile is not None:
+            from services.planner.profile import load_timing
+
+            try:
+                timing = load_timing(mock_profile, mock_speedup)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                typer.echo(f"error: --mock-profile {mock_profile}: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        else:
+            timing = TimingModel(speedup=mock_speedup)
+        eng = MockEngine(MockEngineConfig(
+            num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=info.max_position_embeddings,
+            vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
+            other_eos_token_ids=tuple(info.eos_token_ids[1:]),
+            hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
+            tier_write_through=bool(kvtier_write_through)))
+    elif engine == "vllm":
+        from services.worker.engines.vllm.engine import (
+            VllmEngine,
+            VllmEngineConfig,
+            engine_process_env,
+        )
+
+        config = VllmEngineConfig(
+            model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
+                info.max_position_embeddings, 8192, ((num_blocks or 8192) - 1) * block_size),  # vLLM keeps 1 null block
+            max_num_seqs=max_num_seqs,
+            # A decode worker may take a small per-step budget (its local prefills are then chunked); the others
+            # keep room for a whole long prompt in one step.
+            max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode"
+                                    else max(max_num_batched_tokens, 2048)), kv_role=role, nixl_side_channel_port=nixl_port,
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
+            kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
+        if core is not None and core in os.sched_getaffinity(0):
+            # The whole process tree (vLLM's engine core and model processes are our children) stays on its
+            # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
+            os.sched_setaffinity(0, {core})
+        reexec_with_engine_env(engine_process_env(config, core))
+        eng = VllmEngine(config)
+    else:
+        raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
+    service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
+                                         endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
+                                         engine_kind=engine, hash_seed=hash_seed(name),
+                                         transport=transport(curve_dir), metrics_port=metrics_port,
+                                         drain_timeout_s=drain_timeout_s), eng)
+    run_service(service.run, on_term=service.drain)
+
+
+def _tier_client(endpoint: str, worker_id: str):
+    if not endpoint:
+        return None
+    from common.kvtier.client import TierClient, TierClientConfig
+
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id))

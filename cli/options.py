@@ -1,0 +1,48 @@
+"""Options and helpers every command shares. Only cli/ reads the environment (envvar=...)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DTYPE_HELP = "vLLM: auto (the model's; float32 for a 16-bit model on a CPU without native bf16) | float32 | bfloat16"
+DEFAULT_ROUTER = "tcp://127.0.0.1:5550"
+LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
+LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
+CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
+                        help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
+
+
+def transport(curve_dir: Optional[Path]):
+    from common.security import load_curve_keys
+    from common.transport import TransportConfig
+
+    return TransportConfig(curve=load_curve_keys(curve_dir) if curve_dir else None)
+
+
+def validated(model: Path):
+    """The model directory's facts, or a one-line error and exit code 2 (never a traceback)."""
+    from common.errors import ModelError
+    from common.tiny_model import validate_model_dir
+
+    try:
+        return validate_model_dir(model)
+    except ModelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def reexec_with_engine_env(env: dict[str, str]) -> None:
+    """LD_PRELOAD only takes effect at process start: re-exec once with the engine's environment."""
+    missing = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if not missing:
+        return
+    if os.environ.get("SPLITSERVE_REEXECED"):
+        os.environ.update(missing)  # already re-executed once; set what can still be set in-process
+        return
+    # orig_argv repeats this very invocation, whether `python -m cli.main worker` or a console script.
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env, "SPLITSERVE_REEXECED": "1"})

@@ -1,0 +1,420 @@
+"""The mock engine: the ``Engine`` contract on a real block manager and scheduler, with simulated time.
+
+One asyncio task steps the scheduler: plan, sleep the timing model's step time, pick each sampling
+sequence's next token, update, and push one output per request to its queue. Token ids are a pure function
+of the sequence so far and the request's seed, so a disaggregated run (prefill worker makes token 1, decode
+worker continues from prompt + token 1) yields the same tokens as an aggregated one.
+
+``max_tokens`` counts the tokens this engine emits for the request. A ``kv_transfer`` request's token_ids
+already end with the prefill worker's token, so the caller passes the remaining budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import structlog
+import xxhash
+
+from common.errors import EngineError
+from common.hashing import block_hashes
+from common.protocol import KvTransferParams, WorkerLoad
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
+from services.worker.engine import BlocksRemoved, BlocksStored, KvEvent
+from services.worker.engines.mock.block_manager import BlockManager
+from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, SeqSpec, StepPlan
+from services.worker.engines.mock.payload import fake_kv_checksum, fake_kv_payload
+from common.timing import TimingModel
+from services.worker.transfer_log import TransferLog
+
+if TYPE_CHECKING:
+    from common.kvtier.client import TierBackend
+
+log = structlog.get_logger(__name__)
+
+# Tokens of context the next-token function looks at (with the position, so short cycles are rare).
+_CONTEXT_TOKENS = 8
+_MAX_TOKEN_ID = 2**32 - 1  # block hashes pack token ids as u32
+
+
+@dataclass(frozen=True, slots=True)
+class MockEngineConfig:
+    num_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    vocab_size: int = 8192
+    eos_token_id: int = 0
+    # Seed of the block hashes (docs/architecture.md#contracts): model name, LoRA and cache salt mixed by the caller.
+    hash_seed: int = 0
+    timing: TimingModel = field(default_factory=TimingModel)
+    # KV bytes per token, for simulated transfer sizes: 12 layers * (K + V) * 768 hidden * 2 bytes (bf16).
+    kv_bytes_per_token: int = 36864
+    # Named in the KvTransferParams a prefill_only request returns.
+    engine_id: str = "mock"
+    # False: eos_token_id (and every id in other_eos_token_ids) is never generated, so only max_tokens or a
+    # user's stop id ends a request.
+    emit_eos: bool = False
+    # Models often have several end tokens (generation_config's eos_token_id list).
+    other_eos_token_ids: tuple[int, ...] = ()
+    # A shared KV tier (kvtier): evicted cached blocks are offloaded to it (with a deterministic stand-in
+    # payload of kv_bytes_per_token * block_size bytes), and a new prompt's continuation of the local
+    # prefix is onboarded from it (simulated transfer time) instead of recomputed. None: no tier.
+    tier: TierBackend | None = None
+    # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
+    tier_write_through: bool = False
+
+
+def next_token_id(token_ids: Sequence[int], seed: int | None, config: MockEngineConfig) -> int:
+    """The token that follows ``token_ids``: a hash of its tail and length, in [0, vocab_size)."""
+    tail = token_ids[-_CONTEXT_TOKENS:]
+    data = struct.pack(f"<{len(tail) + 1}Q", len(token_ids), *tail)
+    digest = xxhash.xxh3_64_intdigest(data, seed or 0)
+    if config.emit_eos:
+        return digest % config.vocab_size
+    excluded = _excluded_ids(config.eos_token_id, config.other_eos_token_ids, config.vocab_size)
+    token_id = digest % (config.vocab_size - len(excluded))
+    for eos in excluded:  # ascending: shift past each excluded id at or below the candidate
+        if token_id >= eos:
+            token_id += 1
+    return token_id
+
+
+@lru_cache(maxsize=8)
+def _excluded_ids(eos: int, others: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+    return tuple(sorted({t for t in (eos, *others) if 0 <= t < vocab_size}))
+
+
+@dataclass(slots=True)
+class _Live:
+    request: EngineRequest
+    queue: asyncio.Queue[EngineOutput | BaseException]
+    num_cached_tokens: int = 0
+    emitted: bool = False
+
+
+class MockEngine:
+    def __init__(self, config: MockEngineConfig) -> None:
+        if config.vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2, got {config.vocab_size}")
+        self.config = config
+        self.block_size = config.block_size
+        self.num_blocks = config.num_blocks
+        self.max_model_len = config.max_model_len
+        self._blocks = BlockManager(config.num_blocks, config.block_size, config.hash_seed)
+        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens)
+        self._scheduler = Scheduler(scheduler_config, self._blocks)
+        self._live: dict[str, _Live] = {}
+        self._load_handles: dict[str, asyncio.TimerHandle] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._num_prefix_hits = 0
+        self._transfers = TransferLog()
+        self._tier = config.tier
+        self._block_bytes = config.kv_bytes_per_token * config.block_size
+        # Block-manager events collected each step (offloads happen there), drained by the publisher.
+        self._pending_events: list[KvEvent] = []
+        self.num_onboards = 0
+        self.num_onboarded_tokens = 0
+        self.num_onboard_rejected = 0
+
+    # ------------------------------------------------------------------------------------------ Engine
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineError("mock engine was shut down")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="mock-engine-steps")
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        self._check_serving()
+        spec = self._validate(request)
+        request_id = request.request_id
+        if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
+            num_onboard = await self._onboard_tokens(request.token_ids)
+            if num_onboard:
+                spec = dataclasses.replace(spec, num_onboard_tokens=num_onboard)
+        if request_id in self._live:
+            raise EngineError(f"request {request_id!r} is already running")
+        live = _Live(request=request, queue=asyncio.Queue())
+        self._live[request_id] = live
+        self._scheduler.add(spec)
+        self._wakeup.set()
+        try:
+            while True:
+                item = await live.queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineError(f"mock engine failed during request {request_id!r}: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            # The consumer stopped early (cancelled, closed): free the request at once.
+            if self._live.get(request_id) is live:
+                self._drop(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        live = self._drop(request_id)
+        if live is not None:
+            num_prompt_tokens = len(live.request.token_ids)
+            live.queue.put_nowait(
+                EngineOutput(request_id, (), "abort", num_prompt_tokens, live.num_cached_tokens)
+            )
+
+    def load(self) -> WorkerLoad:
+        return WorkerLoad(
+            num_running=self._scheduler.num_running + self._scheduler.num_loading,
+            num_waiting=self._scheduler.num_waiting,
+            num_free_blocks=self._blocks.num_free_blocks,
+            num_total_blocks=self.num_blocks,
+            num_active_blocks=self._scheduler.num_active_blocks(),
+        )
+
+    def counters(self) -> EngineCounters:
+        """Cumulative counts; ``transfer_seconds`` holds the transfers finished since the previous call."""
+        return EngineCounters(
+            num_prefix_hits=self._num_prefix_hits,
+            num_transfers=self._transfers.num_transfers,
+            num_transfer_bytes=self._transfers.num_bytes,
+            transfer_seconds=self._transfers.drain_seconds(),
+            transfer_seconds_total=self._transfers.seconds_total,
+            recent_transfers=self._transfers.recent(),
+        )
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._fail(EngineError("mock engine shut down"))
+        if self._tier is not None:
+            await self._tier.close()
+
+    # ------------------------------------------------------------------------------------------- extras
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """Prefix-cache stores and evictions since the previous call, for the worker to publish."""
+        self._collect_events()
+        events, self._pending_events = self._pending_events, []
+        return events
+
+    def kv_snapshot(self) -> tuple[int, ...]:
+        """Hashes of every cached block now; events drained after this call apply on top."""
+        return self._blocks.cached_hashes()
+
+    # ------------------------------------------------------------------------------------------ request
+
+    def _check_serving(self) -> None:
+        if self._failure is not None:
+            raise EngineError(f"mock engine failed: {self._failure}") from self._failure
+        if self._closed or self._task is None:
+            raise EngineError("mock engine is not running (call start first)")
+
+    def _validate(self, request: EngineRequest) -> SeqSpec:
+        token_ids = request.token_ids
+        sampling = request.sampling
+        if not token_ids:
+            raise EngineError(f"request {request.request_id!r} has an empty prompt")
+        if any(not 0 <= token_id <= _MAX_TOKEN_ID for token_id in token_ids):
+            raise EngineError(f"request {request.request_id!r} has token ids outside u32")
+        if request.prefill_only and request.kv_transfer is not None:
+            raise EngineError(f"request {request.request_id!r} is both prefill_only and kv_transfer")
+        if request.kv_transfer is not None and len(token_ids) < 2:
+            raise EngineError(f"request {request.request_id!r}: kv_transfer needs prompt + first token")
+        max_tokens = 1 if request.prefill_only else sampling.max_tokens
+        if max_tokens < 1:
+            raise EngineError(f"request {request.request_id!r}: max_tokens must be >= 1")
+        num_total = len(token_ids) + max_tokens
+        if num_total > self.max_model_len:
+            raise EngineError(
+                f"request {request.request_id!r}: {len(token_ids)} prompt + {max_tokens} output tokens "
+                f"exceed max_model_len {self.max_model_len}"
+            )
+        # The last sampled token is never computed, so it needs no KV slot.
+        if self._blocks.blocks_for(num_total - 1) > self.num_blocks:
+            raise EngineError(
+                f"request {request.request_id!r} needs more than the {self.num_blocks} KV blocks of the pool"
+            )
+        return SeqSpec(
+            seq_id=request.request_id,
+            token_ids=tuple(token_ids),
+            max_tokens=max_tokens,
+            stop_token_ids=frozenset() if sampling.ignore_eos else frozenset(sampling.stop_token_ids),
+            prefill_only=request.prefill_only,
+            kv_transfer=request.kv_transfer is not None,
+        )
+
+    def _drop(self, request_id: str) -> _Live | None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return None
+        handle = self._load_handles.pop(request_id, None)
+        if handle is not None:
+            handle.cancel()
+        self._scheduler.abort(request_id)
+        self._wakeup.set()
+        return live
+
+    # --------------------------------------------------------------------------------------- KV tier
+
+    def _collect_events(self) -> None:
+        """Move the block manager's new events to the publisher's buffer; offload what left the cache."""
+        events = self._blocks.drain_events()
+        if not events:
+            return
+        self._pending_events += events
+        if self._tier is None:
+            return
+        hashes: list[int] = []
+        for event in events:
+            if isinstance(event, BlocksRemoved) or (self.config.tier_write_through and isinstance(event, BlocksStored)):
+                hashes += event.block_hashes
+        if hashes:
+            self._tier.offload(hashes, self._payload)
+
+    def _payload(self, block_hash: int) -> bytes:
+        return fake_kv_payload(block_hash, self._block_bytes)
+
+    async def _onboard_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens of the prompt's prefix whose KV is local or in the tier (0: the tier adds nothing).
+
+        Only blocks before the last token count (that one is always computed). Each fetched block must be
+        exactly the KV of its prefix (here: the stand-in payload of its hash); the first one that is not
+        ends the run, and the rest is recomputed.
+        """
+        assert self._tier is not None
+        block_size = self.block_size
+        hashes = block_hashes(token_ids[:-1], block_size, self.config.hash_seed)
+        num_local = self._blocks.match_prefix(token_ids[:-1]).num_cached_tokens // block_size
+        if num_local >= len(hashes):
+            return 0
+        fetched = await self._tier.lookup(hashes[num_local:])
+        num_good = 0
+        for block in fetched:
+            if (len(block.data) != self._block_bytes
+                    or xxhash.xxh3_64_intdigest(block.data) != fake_kv_checksum(block.block_hash, self._block_bytes)):
+                self.num_onboard_rejected += 1
+                log.warning("tier_block_mismatch", block_hash=block.block_hash)
+                break
+            num_good += 1
+        if not num_good:
+            return 0
+        return (num_local + num_good) * block_size
+
+    # --------------------------------------------------------------------------------------- step loop
+
+    async def _step_loop(self) -> None:
+        try:
+            while True:
+                plan = self._scheduler.schedule() if self._scheduler.has_work() else StepPlan()
+                self._collect_events()
+                for load in plan.loads:
+                    self._start_load(load)
+                if not (plan.prefills or plan.decode_seq_ids):
+                    # Nothing to compute until a request arrives or leaves, or a transfer lands.
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                step_s = self.config.timing.step_s(
+                    plan.num_prefill_tokens, len(plan.decode_seq_ids), plan.num_decode_kv_tokens
+                )
+                await asyncio.sleep(step_s)  # sleep(0) at infinite speedup still lets others run
+                self._apply(plan)
+                self._collect_events()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("mock engine step loop failed")
+            self._fail(exc)
+
+    def _apply(self, plan: StepPlan) -> None:
+        sampling_ids = [chunk.seq_id for chunk in plan.prefills if chunk.samples]
+        sampling_ids += plan.decode_seq_ids
+        new_token_ids: dict[str, int] = {}
+        for seq_id in sampling_ids:
+            live = self._live.get(seq_id)
+            if live is None or not self._scheduler.has_seq(seq_id):
+                continue  # aborted while the step ran
+            token_ids = self._scheduler.token_ids(seq_id)
+            new_token_ids[seq_id] = next_token_id(token_ids, live.request.sampling.seed, self.config)
+        for output in self._scheduler.update(plan, new_token_ids):
+            self._emit(output)
+
+    def _emit(self, output: SeqOutput) -> None:
+        live = self._live[output.seq_id]
+        if not live.emitted:
+            live.emitted = True
+            live.num_cached_tokens = output.num_cached_tokens
+            self._num_prefix_hits += 1 if output.num_cached_tokens > 0 else 0
+        kv_transfer = None
+        if output.finish_reason is not None:
+            del self._live[output.seq_id]
+            if live.request.prefill_only:
+                kv_transfer = KvTransferParams(
+                    remote_engine_id=self.config.engine_id,
+                    remote_block_ids=output.block_ids,
+                    num_bytes=len(live.request.token_ids) * self.config.kv_bytes_per_token,
+                )
+        live.queue.put_nowait(
+            EngineOutput(
+                request_id=output.seq_id,
+                token_ids=(output.token_id,),
+                finish_reason=output.finish_reason,
+                num_prompt_tokens=len(live.request.token_ids),
+                num_cached_tokens=output.num_cached_tokens,
+                kv_transfer=kv_transfer,
+            )
+        )
+
+    # -------------------------------------------------------------------------------------- transfers
+
+    def _start_load(self, load: KvLoad) -> None:
+        """Simulate pulling a request's prompt KV: the blocks are held now, usable after the transfer time."""
+        num_bytes = load.num_tokens * self.config.kv_bytes_per_token
+        transfer_s = self.config.timing.transfer_s(num_bytes)
+        loop = asyncio.get_running_loop()
+        handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard)
+        self._load_handles[load.seq_id] = handle
+
+    def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float, onboard: bool = False) -> None:
+        try:
+            self._load_handles.pop(seq_id, None)
+            if not self._scheduler.finish_load(seq_id):
+                return
+            if onboard:  # from a KV tier, counted apart from prefill-worker transfers
+                self.num_onboards += 1
+                self.num_onboarded_tokens += num_bytes // self.config.kv_bytes_per_token
+            else:
+                self._transfers.record(transfer_s, num_bytes)
+            self._wakeup.set()
+        except Exception as exc:
+            log.exception("mock engine transfer completion failed", request_id=seq_id)
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Forward ``exc`` to every waiting request; later requests are refused."""
+        if self._failure is None and not isinstance(exc, EngineError):
+            self._failure = exc
+            # A failed transfer callback: the step loop must stop too (it may be mid-step on stale state).
+            if self._task is not None and self._task is not asyncio.current_task():
+                self._task.cancel()
+        for handle in self._load_handles.values():
+            handle.cancel()
+        self._load_handles.clear()
+        lives = list(self._live.values())
+        self._live.clear()
+        for live in lives:
+            live.queue.put_nowait(exc)

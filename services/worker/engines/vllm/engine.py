@@ -1,0 +1,373 @@
+"""The real engine: vLLM's AsyncLLM in the worker process, with NixlConnector for prefill/decode split.
+
+P/D mechanism (vLLM 0.32 NixlConnector, pull mode):
+- prefill: the prompt with ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode": True}``. vLLM keeps
+  the prompt's blocks after the request finishes (for ``kv_lease_duration`` s, default 30) and returns where
+  they live; we type that as ``KvTransferParams``.
+- decode: our contract sends prompt + first token. The connector sizes the pull by the request's prompt
+  length and asserts the local block count does not exceed the remote one, so a prompt one token longer
+  breaks whenever the prompt fills its last block. We therefore give vLLM the *prefill's* prompt with
+  ``do_remote_prefill``: it pulls every prompt block, recomputes the last prompt position for logits, and a
+  logits processor (``vllm_first_token``) forces that step to the prefill's first token, which we drop.
+- a failed pull is recomputed locally (``kv_load_failure_policy="recompute"``).
+
+Environment (see ``engine_process_env``): LD_PRELOAD must be set before the worker process starts (the
+dynamic loader reads it); the VLLM_* variables are read when vLLM starts its engine core and may be set
+in-process before ``start()`` (``start`` fills in any that are missing).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from common.errors import EngineError
+from common.protocol import FinishReason, WorkerLoad
+from common.tiny_model import ModelInfo, validate_model_dir
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
+from services.worker.engines.vllm.params import (
+    decode_kv_params,
+    kv_params_from_vllm,
+    to_vllm_sampling,
+)
+from services.worker.engines.vllm.kv_events import VllmKvEvents
+from services.worker.engines.vllm.dtype import DtypeChoice, resolved_dtype
+from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSources
+
+log = structlog.get_logger(__name__)
+
+KvRole = Literal["prefill", "decode", "both"]
+_VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    model: Path
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Tokens per KV block; must match the router's hashing (docs/architecture.md#contracts). CPU attention needs a multiple of 32.
+    block_size: int = 32
+    # Caps KV blocks (vLLM num_gpu_blocks_override); None: as many as kv_cache_space_gib holds.
+    num_blocks: int | None = None
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    # Eager start takes seconds; compiled mode 40-90 s on CPU (docs/architecture.md#engines).
+    enforce_eager: bool = True
+    # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
+    # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
+    kv_role: KvRole | None = "both"
+    nixl_side_channel_host: str = "127.0.0.1"
+    # Must be free and distinct per engine on a host: a clash hangs the engine.
+    nixl_side_channel_port: int = 5600
+    # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB.
+    kv_cache_space_gib: int = 1
+    enable_prefix_caching: bool = True
+    # NIXL engine id other engines see in KvTransferParams.remote_engine_id; "" lets vLLM pick a uuid.
+    engine_id: str = ""
+    # Seconds a prefill engine keeps blocks for a decode engine that never pulls them.
+    kv_lease_s: int = 30
+    # vLLM's NixlConnector on CPU re-pins the model thread to the last core, and its UCX progress thread
+    # busy-polls a whole core. False (default) undoes both in vLLM's worker process (services/worker/engines/vllm/nixl.py).
+    nixl_progress_spin: bool = False
+    # Publish vLLM's KV cache events, translated to our block hashes with this seed (docs/architecture.md#contracts).
+    kv_events: bool = True
+    hash_seed: int = 0
+    # kvtier's endpoint: our KV connector (vllm_tier_connector) onboards prefixes from it and writes prompt
+    # blocks through to it; alone for role "both", beside NixlConnector (MultiConnector) for prefill/decode.
+    kvtier_endpoint: str = ""
+    kvtier_write_through: bool = True
+
+
+def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:
+    """Environment for a worker process running one vLLM engine.
+
+    LD_PRELOAD (CPU: torch's libgomp, ~5x faster than two OpenMP runtimes) only works when set before the
+    process starts. The rest can also be set in-process before the engine starts. ``core_id`` pins the
+    engine's OpenMP threads to one core (CPU); None leaves binding to vLLM (GPU machines).
+    """
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": config.nixl_side_channel_host,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.nixl_side_channel_port),
+        "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
+        # torch's CPU allocator: 2 MiB-aligned, MADV_HUGEPAGE for buffers >= 2 MiB (the KV cache, activations).
+        # Measured here (100M model bf16, 2,000-token prompts, P/D): NIXL READ of the prompt's KV 3.2-4.3 ->
+        # 2.1-2.6 ms (CMA pins 512x fewer pages), prefill ~5% faster (60k page faults per prompt -> few).
+        "THP_MEM_ALLOC_ENABLE": "1",
+    }
+    if core_id is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core_id)
+    libgomp = _torch_libgomp()
+    if libgomp is not None:
+        env["LD_PRELOAD"] = libgomp
+    return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _torch_libgomp() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "lib" / "libgomp.so.1"
+    return str(path) if path.is_file() else None
+
+
+class VllmEngine:
+    """Engine protocol over vLLM's AsyncLLM; one per worker process."""
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.num_blocks = config.num_blocks or 0
+        self.max_model_len = config.max_model_len
+        self.model_info: ModelInfo | None = None
+        self.start_s = 0.0
+        self._llm: Any = None
+        self._stats = EngineStatsSink()
+        self._in_flight: set[str] = set()
+        self._kv_bytes_per_block = 0
+        self._dtype = DtypeChoice(self.config.dtype, "as asked")
+        self._kv_events: VllmKvEvents | None = None
+        self._events_ctx: zmq.asyncio.Context | None = None
+
+    async def start(self) -> None:
+        self.model_info = validate_model_dir(self.config.model)  # ModelError before vLLM sees a bad dir
+        if self.config.block_size % 32 != 0 and not _has_cuda():
+            # Otherwise vLLM 0.32 fails deep in start-up: "No common block size for 16 (CPU_ATTN: ...)".
+            raise EngineError(f"vLLM's CPU attention needs a block size that is a multiple of 32, got "
+                              f"{self.config.block_size}")
+        self._dtype = resolved_dtype(self.config.dtype, self.model_info.torch_dtype, _has_cuda())
+        if self._dtype.dtype != self.config.dtype or self._dtype.emulated:
+            log.warning("vllm_dtype", requested=self.config.dtype, dtype=self._dtype.dtype, reason=self._dtype.reason)
+        for key, value in engine_process_env(self.config, core_id=None).items():
+            if key != "LD_PRELOAD":
+                os.environ.setdefault(key, value)
+        began = time.perf_counter()
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._llm = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**self._engine_kwargs()),
+                stat_loggers=[self._stats.logger_factory()],
+            )
+        except Exception as exc:  # vLLM raises many types at start (config, memory, handshake)
+            raise EngineError(f"vLLM engine failed to start for {self.config.model}: {exc}") from exc
+        self.start_s = time.perf_counter() - began
+        vllm_config = self._llm.vllm_config
+        self.num_blocks = int(vllm_config.cache_config.num_gpu_blocks or 0)
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        dtype_bytes = vllm_config.model_config.dtype.itemsize
+        self._kv_bytes_per_block = self.block_size * self.model_info.kv_bytes_per_token(dtype_bytes)
+        if self.block_size != self.config.block_size:
+            raise EngineError(f"vLLM chose block size {self.block_size}, not {self.config.block_size}")
+        if self.config.kv_events:
+            self._events_ctx = zmq.asyncio.Context()
+            self._kv_events = VllmKvEvents(self._events_endpoint(), self.block_size, self.config.hash_seed)
+            self._kv_events.start(self._events_ctx)
+        log.info(
+            "vllm_engine_started",
+            model=str(self.config.model),
+            start_s=round(self.start_s, 2),
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            kv_role=self.config.kv_role,
+        )
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        from services.worker.engines.vllm.first_token import QUALNAME
+
+        kwargs: dict[str, Any] = {
+            "model": str(self.config.model),
+            "dtype": self._dtype.dtype,
+            "block_size": self.config.block_size,
+            "num_gpu_blocks_override": self.config.num_blocks,
+            "max_model_len": self.config.max_model_len,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "enforce_eager": self.config.enforce_eager,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+            # We send token ids and read token ids; the frontend owns the tokenizer.
+            "skip_tokenizer_init": True,
+            "logits_processors": [QUALNAME],
+            "disable_log_stats": True,
+        }
+        if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):
+            kwargs["kv_transfer_config"] = self._kv_transfer_config()
+        if self.config.kv_role is not None:
+            if not self.config.nixl_progress_spin:
+                from services.worker.engines.vllm.nixl import QUALNAME as SLEEPING_PROGRESS_THREAD
+
+                kwargs["worker_extension_cls"] = SLEEPING_PROGRESS_THREAD
+        if self.config.kv_events:
+            from vllm.config import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                        endpoint=self._events_endpoint())
+        return kwargs
+
+    def _events_endpoint(self) -> str:
+        # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it.
+        return f"ipc://{tempfile.gettempdir()}/splitserve-kv-{os.getpid()}.sock"
+
+    def drain_kv_events(self) -> list:
+        """Our-hash KV events since the last call (for the worker's publisher)."""
+        return self._kv_events.drain() if self._kv_events is not None else []
+
+    def kv_snapshot(self) -> tuple[int, ...]:
+        return self._kv_events.snapshot() if self._kv_events is not None else ()
+
+    def _kv_transfer_config(self) -> Any:
+        """NixlConnector (P/D), our kvtier connector, or both through vLLM's MultiConnector (NIXL first: a
+        decode request's pull wins over a tier hit). Aggregated workers with kvtier use ours alone."""
+        from vllm.config import KVTransferConfig
+
+        from services.worker.engines.vllm.tier.connector import CONNECTOR_NAME, MODULE_PATH
+
+        cfg = self.config
+        role = _VLLM_KV_ROLES[cfg.kv_role or "both"]
+        nixl = {"kv_connector": "NixlConnector", "kv_role": role,
+                "kv_buffer_device": "cuda" if _has_cuda() else "cpu",
+                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s}}
+        tier = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": MODULE_PATH, "kv_role": role,
+                "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
+                                              "worker_id": cfg.engine_id or "vllm",
+                                              "write_through": cfg.kvtier_write_through}}
+        use_tier = bool(cfg.kvtier_endpoint)
+        if use_tier and _has_cuda():  # the connector handles host-memory KV caches only (its docstring)
+            log.warning("kvtier_disabled", reason="KV cache on GPU: the kvtier connector handles host memory only")
+            use_tier = False
+        if not use_tier:
+            chosen = nixl
+        elif cfg.kv_role in (None, "both"):
+            chosen = tier
+        else:
+            chosen = {"kv_connector": "MultiConnector", "kv_role": role,
+                      "kv_connector_extra_config": {"connectors": [nixl, tier]}}
+        return KVTransferConfig(**chosen, kv_load_failure_policy="recompute", engine_id=cfg.engine_id or None)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        llm = self._require_started()
+        params, forced_token = to_vllm_sampling(request, self.model_info)
+        prompt_ids = list(request.token_ids[:-1] if forced_token is not None else request.token_ids)
+        if request.kv_transfer is not None:
+            params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer)
+        failures_before = self._stats.num_transfer_failures
+        skip_first = forced_token is not None
+        self._in_flight.add(request.request_id)
+        try:
+            async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+                completion = out.outputs[0]
+                token_ids = tuple(completion.token_ids)
+                if skip_first and token_ids:
+                    if token_ids[0] != forced_token:
+                        raise EngineError(
+                            f"{request.request_id}: decode engine produced {token_ids[0]} where the prefill "
+                            f"token {forced_token} was forced"
+                        )
+                    token_ids, skip_first = token_ids[1:], False
+                if not out.finished:
+                    if token_ids:
+                        # Every output carries the prefix-cache hit: the frontend reads it off the first one.
+                        yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
+                                           num_cached_tokens=_cached_tokens(out, request))
+                    continue
+                yield self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
+        finally:
+            self._in_flight.discard(request.request_id)
+
+    def _final_output(
+        self,
+        request: EngineRequest,
+        out: Any,
+        token_ids: tuple[int, ...],
+        num_prompt: int,
+        failures_before: int,
+    ) -> EngineOutput:
+        reason = _FINISH_REASONS.get(str(out.outputs[0].finish_reason), "error")
+        kv_transfer = None
+        if request.prefill_only and reason != "abort":
+            kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block)
+        pulled = request.kv_transfer is not None
+        return EngineOutput(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            finish_reason=reason,
+            num_prompt_tokens=num_prompt,
+            num_cached_tokens=_cached_tokens(out, request),
+            kv_transfer=kv_transfer,
+            # Attributed by time window: a failure during this request's life marks it (conservative).
+            transfer_failed=pulled and self._stats.num_transfer_failures > failures_before,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def load(self) -> WorkerLoad:
+        used = round(self._stats.kv_cache_usage * self.num_blocks)
+        busy = bool(self._in_flight)
+        return WorkerLoad(
+            num_running=self._stats.num_running if busy else 0,
+            num_waiting=self._stats.num_waiting if busy else 0,
+            num_free_blocks=self.num_blocks - used,
+            num_total_blocks=self.num_blocks,
+            # vLLM reports only total usage; blocks held by running sequences are its best proxy.
+            num_active_blocks=used,
+        )
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters(
+            num_prefix_hits=self._stats.num_prefix_hit_tokens,
+            num_transfers=self._stats.transfers.num_transfers,
+            num_transfer_failures=self._stats.num_transfer_failures,
+            num_transfer_bytes=self._stats.transfers.num_bytes,
+            transfer_seconds=self._stats.transfers.drain_seconds(),
+            transfer_seconds_total=self._stats.transfers.seconds_total,
+            num_transfer_descriptors=self._stats.transfers.num_descriptors,
+            recent_transfers=self._stats.transfers.recent(),
+        )
+
+    def prompt_token_sources(self) -> PromptTokenSources:
+        """Cumulative prompt tokens computed / hit locally / pulled, as vLLM's scheduler saw them."""
+        return self._stats.prompt_sources
+
+    async def shutdown(self) -> None:
+        if self._kv_events is not None:
+            self._kv_events.stop()
+            self._kv_events = None
+        if self._events_ctx is not None:
+            self._events_ctx.destroy(linger=0)
+            self._events_ctx = None
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    def _require_started(self) -> Any:
+        if self._llm is None:
+            raise EngineError("VllmEngine.generate called before start() or after shutdown()")
+        return self._llm
+
+
+def _cached_tokens(out: Any, request: EngineRequest) -> int:
+    """Prompt tokens vLLM took from its prefix cache. It counts pulled tokens as cached too, and for a pull the
+    local hits cannot be split out per request, so a decode request that pulled reports 0."""
+    return 0 if request.kv_transfer is not None else int(out.num_cached_tokens or 0)

@@ -1,0 +1,102 @@
+"""A bare VllmEngine in its own process, driven by JSON lines: for tests and manual P/D checks.
+
+    python -m services.worker.engines.vllm.smoke '<VllmEngineConfig fields as JSON>'
+
+Reads one JSON command per stdin line, answers one stdout line prefixed ``SMOKE `` (vLLM may log to stdout
+too). Commands: {"op": "generate", ...EngineRequest fields, sampling fields flat}, {"op": "stats"},
+{"op": "shutdown"}. The first answer is {"ready": true, "start_s": ...} or {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from common.errors import SplitserveError
+from common.protocol import KvTransferParams, SamplingParams
+from services.worker.engine import EngineRequest
+from services.worker.engines.vllm.engine import VllmEngine, VllmEngineConfig
+
+PREFIX = "SMOKE "
+
+
+def _answer(obj: dict[str, Any]) -> None:
+    sys.stdout.write(PREFIX + msgspec.json.encode(obj).decode() + "\n")
+    sys.stdout.flush()
+
+
+async def _generate(engine: VllmEngine, cmd: dict[str, Any]) -> dict[str, Any]:
+    kv = cmd.get("kv_transfer")
+    request = EngineRequest(
+        request_id=cmd["request_id"],
+        token_ids=tuple(cmd["token_ids"]),
+        sampling=msgspec.convert(cmd.get("sampling", {}), SamplingParams),
+        prefill_only=bool(cmd.get("prefill_only", False)),
+        kv_transfer=msgspec.convert(kv, KvTransferParams) if kv else None,
+    )
+    token_ids: list[int] = []
+    async for out in engine.generate(request):
+        token_ids.extend(out.token_ids)
+        if out.finish_reason is not None:
+            return {
+                "token_ids": token_ids,
+                "finish_reason": out.finish_reason,
+                "num_cached_tokens": out.num_cached_tokens,
+                "kv_transfer": msgspec.to_builtins(out.kv_transfer) if out.kv_transfer else None,
+                "transfer_failed": out.transfer_failed,
+            }
+    return {"error": "stream ended without finish_reason"}
+
+
+def _stats(engine: VllmEngine) -> dict[str, Any]:
+    sources = engine.prompt_token_sources()
+    return {
+        "counters": msgspec.to_builtins(engine.counters()),
+        "load": msgspec.to_builtins(engine.load()),
+        "prompt_sources": {
+            "num_computed": sources.num_computed,
+            "num_local_cache_hit": sources.num_local_cache_hit,
+            "num_external_kv_transfer": sources.num_external_kv_transfer,
+        },
+        "num_blocks": engine.num_blocks,
+    }
+
+
+async def main(config_json: str) -> int:
+    fields = msgspec.json.decode(config_json)
+    fields["model"] = Path(fields["model"])
+    engine = VllmEngine(VllmEngineConfig(**fields))
+    try:
+        await engine.start()
+    except SplitserveError as exc:
+        _answer({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _answer({"ready": True, "start_s": engine.start_s, "num_blocks": engine.num_blocks})
+    loop = asyncio.get_running_loop()
+    try:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            cmd = msgspec.json.decode(line)
+            try:
+                if cmd["op"] == "generate":
+                    _answer(await _generate(engine, cmd))
+                elif cmd["op"] == "stats":
+                    await asyncio.sleep(0.2)  # let the last step's stats arrive
+                    _answer(_stats(engine))
+                elif cmd["op"] == "shutdown":
+                    break
+                else:
+                    _answer({"error": f"unknown op {cmd['op']!r}"})
+            except SplitserveError as exc:
+                _answer({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        await engine.shutdown()
+    _answer({"bye": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1])))

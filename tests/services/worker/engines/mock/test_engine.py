@@ -1,0 +1,215 @@
+"""Mock engine: the Engine contract end to end at infinite speedup."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+
+from common.errors import EngineError
+from common.hashing import block_hashes
+from common.protocol import SamplingParams
+from services.worker.engine import Engine, EngineOutput, EngineRequest
+from services.worker.engines.mock.block_manager import BlocksStored
+from services.worker.engines.mock.engine import MockEngine, MockEngineConfig, next_token_id
+from common.timing import TimingModel
+
+FAST = TimingModel(speedup=math.inf)
+PROMPT = tuple(range(100, 137))  # 37 tokens: 2 full blocks of 16 and a partial one
+
+
+def _config(**overrides: object) -> MockEngineConfig:
+    fields: dict[str, object] = {"num_blocks": 64, "block_size": 16, "timing": FAST, "vocab_size": 1000}
+    fields.update(overrides)
+    return MockEngineConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[MockEngine]:
+    eng = MockEngine(_config())
+    await eng.start()
+    yield eng
+    await eng.shutdown()
+
+
+def _request(rid: str, tokens: tuple[int, ...] = PROMPT, max_tokens: int = 8, **kwargs: object) -> EngineRequest:
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        seed=kwargs.pop("seed", 1),  # type: ignore[arg-type]
+        stop_token_ids=kwargs.pop("stop_token_ids", ()),  # type: ignore[arg-type]
+        ignore_eos=kwargs.pop("ignore_eos", False),  # type: ignore[arg-type]
+    )
+    return EngineRequest(rid, tokens, sampling, **kwargs)  # type: ignore[arg-type]
+
+
+async def _collect(engine: MockEngine, request: EngineRequest) -> list[EngineOutput]:
+    return [out async for out in engine.generate(request)]
+
+
+def _tokens(outputs: list[EngineOutput]) -> list[int]:
+    return [token for out in outputs for token in out.token_ids]
+
+
+async def test_satisfies_the_engine_protocol(engine: MockEngine) -> None:
+    typed: Engine = engine
+    assert (typed.block_size, typed.num_blocks, typed.max_model_len) == (16, 64, 4096)
+
+
+async def test_one_token_per_output_then_length(engine: MockEngine) -> None:
+    outputs = await _collect(engine, _request("a", max_tokens=5))
+    assert [len(out.token_ids) for out in outputs] == [1] * 5
+    assert [out.finish_reason for out in outputs] == [None] * 4 + ["length"]
+    assert all(out.num_prompt_tokens == len(PROMPT) for out in outputs)
+    assert engine.load().num_free_blocks == 64
+
+
+async def test_tokens_are_deterministic_per_prompt_and_seed(engine: MockEngine) -> None:
+    first = _tokens(await _collect(engine, _request("a", seed=3)))
+    again = _tokens(await _collect(engine, _request("b", seed=3)))
+    other = _tokens(await _collect(engine, _request("c", seed=4)))
+    assert first == again and first != other
+    assert all(0 <= token < 1000 and token != 0 for token in first)  # never eos (id 0) by default
+    expected = list(PROMPT)
+    for _ in range(8):
+        expected.append(next_token_id(expected, 3, engine.config))
+    assert first == expected[len(PROMPT):]
+
+
+async def test_disaggregated_equals_aggregated() -> None:
+    prefill = MockEngine(_config(engine_id="prefill-0", kv_bytes_per_token=100))
+    decode = MockEngine(_config(engine_id="decode-0", kv_bytes_per_token=100))
+    for eng in (prefill, decode):
+        await eng.start()
+    aggregated = _tokens(await _collect(decode, _request("agg", max_tokens=6)))
+    decode_fresh = MockEngine(_config(kv_bytes_per_token=100))
+    await decode_fresh.start()
+
+    first = await _collect(prefill, _request("p", max_tokens=6, prefill_only=True))
+    assert len(first) == 1 and first[0].finish_reason == "length"
+    params = first[0].kv_transfer
+    assert params is not None and params.remote_engine_id == "prefill-0"
+    assert len(params.remote_block_ids) == 3 and params.num_bytes == len(PROMPT) * 100
+    assert prefill.load().num_free_blocks == 64  # freed, its full blocks still cached
+    assert prefill.counters().num_transfers == 0
+
+    rest = await _collect(decode_fresh, _request("d", PROMPT + first[0].token_ids, 5, kv_transfer=params))
+    assert first[0].token_ids + tuple(_tokens(rest)) == tuple(aggregated)
+    assert rest[-1].finish_reason == "length" and rest[0].num_cached_tokens == 0
+    counters = decode_fresh.counters()
+    assert (counters.num_transfers, counters.num_transfer_bytes) == (1, len(PROMPT) * 100)
+    assert counters.transfer_seconds == (0.0,)
+    assert decode_fresh.counters().transfer_seconds == ()  # drained
+    assert [(t.seq, t.num_bytes) for t in decode_fresh.counters().recent_transfers] == [(1, len(PROMPT) * 100)]
+    assert decode_fresh.load().num_free_blocks == 64
+    for eng in (prefill, decode, decode_fresh):
+        await eng.shutdown()
+
+
+async def test_prefix_hits_are_reported_and_counted(engine: MockEngine) -> None:
+    first = await _collect(engine, _request("a", max_tokens=2))
+    assert first[0].num_cached_tokens == 0
+    assert engine.drain_kv_events() == [BlocksStored(tuple(block_hashes(PROMPT, 16, 0)), None)]
+    second = await _collect(engine, _request("b", max_tokens=2))
+    assert all(out.num_cached_tokens == 32 for out in second)
+    assert engine.counters().num_prefix_hits == 1
+    assert engine.drain_kv_events() == []  # the third block (38 tokens computed) never filled
+
+
+async def test_stop_token_and_ignore_eos(engine: MockEngine) -> None:
+    tokens = _tokens(await _collect(engine, _request("a", max_tokens=8)))
+    stop_id = tokens[3]
+    cut = tokens.index(stop_id) + 1
+    stopped = await _collect(engine, _request("b", max_tokens=8, stop_token_ids=(stop_id,)))
+    assert _tokens(stopped) == tokens[:cut] and stopped[-1].finish_reason == "stop"
+    ignored = await _collect(engine, _request("c", max_tokens=8, stop_token_ids=(stop_id,), ignore_eos=True))
+    assert _tokens(ignored) == tokens and ignored[-1].finish_reason == "length"
+
+
+async def test_abort_ends_the_stream_and_frees_blocks(engine: MockEngine) -> None:
+    stream = engine.generate(_request("a", max_tokens=500))
+    first = await anext(stream)
+    assert first.finish_reason is None
+    assert engine.load().num_running == 1 and engine.load().num_active_blocks == 3
+    await engine.abort("a")
+    rest = [out async for out in stream]
+    assert [out.finish_reason for out in rest][-1] == "abort"
+    assert engine.load() == engine.load().__class__(num_free_blocks=64, num_total_blocks=64)
+    await engine.abort("a")  # unknown now: ignored
+
+
+async def test_consumer_leaving_early_frees_blocks(engine: MockEngine) -> None:
+    stream = engine.generate(_request("a", max_tokens=500))
+    await anext(stream)
+    await stream.aclose()
+    assert engine.load().num_free_blocks == 64 and engine.load().num_running == 0
+
+
+async def test_impossible_requests_raise_engine_error() -> None:
+    eng = MockEngine(_config(num_blocks=4, max_model_len=100))
+    await eng.start()
+    with pytest.raises(EngineError, match="max_model_len"):
+        await _collect(eng, _request("long", max_tokens=64))
+    with pytest.raises(EngineError, match="KV blocks"):
+        await _collect(eng, _request("big", tuple(range(60)), max_tokens=10))
+    with pytest.raises(EngineError, match="empty"):
+        await _collect(eng, _request("empty", ()))
+    await eng.shutdown()
+    with pytest.raises(EngineError, match="not running"):
+        await _collect(eng, _request("late"))
+
+
+async def test_many_requests_under_preemption_give_the_same_tokens() -> None:
+    solo = MockEngine(_config())
+    busy = MockEngine(_config(num_blocks=12, max_num_seqs=6, max_num_batched_tokens=64))
+    for eng in (solo, busy):
+        await eng.start()
+    prompts = [tuple(range(i * 50, i * 50 + 20 + i)) for i in range(8)]
+    expected = [_tokens(await _collect(solo, _request(f"s{i}", p, 40))) for i, p in enumerate(prompts)]
+    results = await asyncio.gather(*(_collect(busy, _request(f"b{i}", p, 40)) for i, p in enumerate(prompts)))
+    assert [_tokens(outs) for outs in results] == expected
+    assert busy.load().num_free_blocks == 12 and busy.load().num_waiting == 0
+    for eng in (solo, busy):
+        await eng.shutdown()
+
+
+async def test_zero_delay_still_yields_to_the_event_loop(engine: MockEngine) -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await _collect(engine, _request("a", max_tokens=50))
+    task.cancel()
+    assert ticks >= 25
+
+
+async def test_step_loop_failure_reaches_waiting_requests(
+    engine: MockEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine._scheduler, "update", broken)
+    with pytest.raises(EngineError, match="boom") as info:
+        await _collect(engine, _request("a"))
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(EngineError, match="boom"):
+        await _collect(engine, _request("b"))
+
+
+async def test_real_time_speedup_sleeps() -> None:
+    timing = TimingModel(prefill_coeffs_s=(0.02,), decode_base_s=0.02, decode_per_seq_s=0.0,
+                         decode_per_kv_token_s=0.0)
+    eng = MockEngine(_config(timing=timing))
+    await eng.start()
+    loop = asyncio.get_running_loop()
+    start_s = loop.time()
+    await _collect(eng, _request("a", max_tokens=3))  # one prefill step, two decode steps
+    assert loop.time() - start_s >= 0.055
+    await eng.shutdown()

@@ -1,0 +1,74 @@
+"""Our request types <-> vLLM 0.32 SamplingParams and NixlConnector kv_transfer_params."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from common.errors import EngineError
+from common.protocol import KvTransferParams, SamplingParams
+from services.worker.engine import EngineRequest
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
+
+# What a finished prefill-only request returns in vLLM 0.32 (pull mode, one KV cache group).
+VLLM_PREFILL_PARAMS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [[4, 9, 2]],
+    "remote_engine_id": "prefill-0",
+    "remote_request_id": "req-1-a70f32ca",
+    "remote_host": "127.0.0.1",
+    "remote_port": 15611,
+    "tp_size": 1,
+    "remote_num_tokens": 70,
+    "transfer_mode": "pull",
+}
+
+
+def test_prefill_params_round_trip_to_decode_params() -> None:
+    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+
+    kv = kv_params_from_vllm(VLLM_PREFILL_PARAMS, kv_bytes_per_block=1000)
+    assert kv.remote_block_ids == (4, 9, 2) and kv.num_bytes == 3000
+    assert kv.remote_request_id == "req-1-a70f32ca"
+    decode = decode_kv_params(kv)
+    assert decode["do_remote_prefill"] is True and decode["do_remote_decode"] is False
+    for key in ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port"):
+        assert decode[key] == VLLM_PREFILL_PARAMS[key]
+
+
+def test_bad_prefill_params() -> None:
+    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+
+    with pytest.raises(EngineError, match="NixlConnector"):
+        kv_params_from_vllm(None, 1)
+    with pytest.raises(EngineError, match="KV cache groups"):
+        kv_params_from_vllm({**VLLM_PREFILL_PARAMS, "remote_block_ids": [[1], [2]]}, 1)
+    with pytest.raises(EngineError, match="unexpected"):
+        kv_params_from_vllm({"remote_block_ids": [[1]]}, 1)
+    with pytest.raises(EngineError, match="remote_request_id"):
+        decode_kv_params(KvTransferParams(remote_engine_id="p", remote_block_ids=(1,)))
+
+
+def test_sampling_for_each_request_kind() -> None:
+    from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
+    from services.worker.engines.vllm.params import to_vllm_sampling
+
+    sampling = SamplingParams(max_tokens=9, temperature=0.0, stop_token_ids=(5,))
+    params, forced = to_vllm_sampling(EngineRequest("a", (7, 8), sampling, prefill_only=True), None)
+    assert params.max_tokens == 1 and forced is None
+    assert params.extra_args["kv_transfer_params"] == {"do_remote_decode": True}
+
+    kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
+    params, forced = to_vllm_sampling(EngineRequest("b", (7, 8, 42), sampling, kv_transfer=kv), None)
+    # max_tokens counts the tokens after the first; vLLM's forced (re-sampled, dropped) first step is one more.
+    assert params.max_tokens == 10 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
+    assert params.stop_token_ids == [5]
+
+    with pytest.raises(EngineError, match="prompt plus the first token"):
+        to_vllm_sampling(EngineRequest("c", (42,), sampling, kv_transfer=kv), None)
