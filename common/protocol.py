@@ -73,6 +73,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     max_model_len: int = 0
     # The engine publishes KV events; without them the router indexes its own decisions (approximate mode).
     kv_events: bool = False
+    # Where the worker runs: a machine name (default its hostname) and an optional failure/network zone. The
+    # router prices KV moves between nodes by the link between them (same node: shared memory, no wire).
+    node: str = ""
+    zone: str = ""
 
 
 # ------------------------------------------------------------------------------------------ worker <-> router
@@ -282,6 +286,9 @@ class RegisterTier(_Msg, frozen=True):
     block_bytes: int = 0
     # NIXL agent name of the pool ("" = no NIXL registration).
     nixl_agent: str = ""
+    # The machine kvtier serves (one kvtier per node: its DRAM and NVMe) and its zone; see WorkerInfo.node.
+    node: str = ""
+    zone: str = ""
 
 
 class TierBlock(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
