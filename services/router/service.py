@@ -34,7 +34,7 @@ from common.protocol import (
     WorkerRef,
 )
 from common.security import secure_server
-from common.transport import Server, TransportConfig, new_id, open_context, serve_requests
+from common.transport import Server, TransportConfig, new_id, open_context, oversized, serve_requests
 from services.router.approx_index import ApproxIndex
 from services.router.event_watch import EventWatch
 from services.router.index import PrefixIndex, TierOverlap
@@ -92,7 +92,7 @@ class RouterService:
         self.endpoint = self._server.endpoint
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.max_message_bytes)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.hard_max_message_bytes)
         sub.setsockopt(zmq.RCVHWM, self.config.transport.hwm)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         secure_server(sub, self.config.transport.curve)
@@ -245,6 +245,8 @@ class RouterService:
     async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
         while True:
             data = await sub.recv()
+            if oversized(data, self.config.transport.max_message_bytes, socket="kv_events"):
+                continue  # the batch's number is then missing: the gap asks that source for a snapshot
             try:
                 msg = protocol.decode(data)
             except ProtocolError as exc:
