@@ -11,6 +11,10 @@ from typing import Literal, Union
 
 import msgspec
 
+# The wire contract's release: bumped whenever a message changes incompatibly. Registrations carry it and the router
+# refuses a peer of another version loudly (a field it does not know would otherwise be silently misread).
+PROTOCOL_VERSION = 2
+
 Role = Literal["prefill", "decode", "both"]
 Tier = Literal["device", "host", "disk"]
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -85,6 +89,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
 class RegisterWorker(_Msg, frozen=True):
     request_id: str
     info: WorkerInfo
+    # PROTOCOL_VERSION of the sender; 0 = a release from before versions were sent.
+    protocol_version: int = 0
 
 
 class RegisterAck(_Msg, frozen=True):
@@ -282,6 +288,8 @@ class RegisterTier(_Msg, frozen=True):
     tier_id: str
     # kvtier's ROUTER socket, where workers send TierStore / TierLookup.
     endpoint: str
+    # PROTOCOL_VERSION of the sender (see RegisterWorker).
+    protocol_version: int = 0
     # Fixed slot size of the pool: the largest block kvtier holds.
     block_bytes: int = 0
     # NIXL agent name of the pool ("" = no NIXL registration).
