@@ -211,6 +211,12 @@ class WorkerStats(_Msg, frozen=True):
     # The last pulls one by one, oldest first (at most services.worker.transfer_log.RECENT_TRANSFERS): sums hide
     # whether a slow run was a few outliers or every pull.
     recent_transfers: tuple[TransferSample, ...] = ()
+    # Prompt tokens by where their KV came from, cumulative (vLLM's scheduler accounting; 0 where unknown: mock):
+    # computed here, hit in this engine's prefix cache, pulled from elsewhere (NIXL from a prefill worker, kvtier).
+    # A decode worker that recomputes a prompt it should have pulled shows up here, not in the output.
+    num_prompt_tokens_computed: int = 0
+    num_prompt_tokens_cached: int = 0
+    num_prompt_tokens_pulled: int = 0
 
 
 # ------------------------------------------------------------------------------- KV events (source -> router)
