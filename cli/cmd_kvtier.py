@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -36,17 +35,23 @@ def kvtier(
     log_json: bool = LogJson,
 ) -> None:
     """Run kvtier: a shared KV-block store (host pool + NVMe) that workers offload to and load from."""
+    import shutil
     import tempfile
 
     from services.kvtier.pool import GIB
     from services.kvtier.service import KvTierConfig, KvTierService
 
     configure_logging(log_level, log_json, "kvtier")
-    disk_dir = disk_cache_dir
+    disk_dir, made_dir = disk_cache_dir, None
     if disk_cache_gb > 0 and disk_dir is None:
-        disk_dir = Path(tempfile.gettempdir()) / f"splitserve-kvtier-{os.getpid()}"
+        # A private directory (mkdtemp: unpredictable name, mode 0700), removed when kvtier stops.
+        disk_dir = made_dir = Path(tempfile.mkdtemp(prefix="splitserve-kvtier-"))
     config = KvTierConfig(tier_id=tier_id, endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                           router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
                           disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
                           disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port)
-    run_service(KvTierService(config).run)
+    try:
+        run_service(KvTierService(config).run)
+    finally:
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)

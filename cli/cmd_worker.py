@@ -81,7 +81,9 @@ def worker(
             timing = TimingModel(speedup=mock_speedup)
         eng = MockEngine(MockEngineConfig(
             num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=info.max_position_embeddings,
+            max_num_batched_tokens=max_num_batched_tokens,
+            # A sequence cannot outgrow the KV pool: register that as the served context, as vLLM does.
+            max_model_len=min(info.max_position_embeddings, (num_blocks or 2048) * block_size),
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),

@@ -40,3 +40,7 @@ class EngineError(SplitserveError):
 
 class WorkerLost(SplitserveError):
     """A worker stopped answering while it held a request."""
+
+
+class NixlUnavailable(SplitserveError):
+    """No NIXL agent could be made (not installed, or no backend works)."""

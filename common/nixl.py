@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from common.errors import NixlUnavailable
+
 log = structlog.get_logger(__name__)
 
 
@@ -21,15 +23,19 @@ class NixlHandle:
     backends: tuple[str, ...]
 
 
-def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX")) -> NixlHandle | None:
-    """A NIXL agent with the given backends (those that fail are skipped); None when NIXL is unusable."""
+def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX"),
+                    required: bool = False) -> NixlHandle | None:
+    """A NIXL agent with the given backends (those that fail are skipped).
+
+    Services degrade without one (kvtier: inline bytes only) and get None with a warning; ``required`` raises
+    ``NixlUnavailable`` with the reason instead (tests where NIXL is installed: a broken install must fail them).
+    """
     try:
         from nixl._api import nixl_agent, nixl_agent_config
 
         agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[]))
-    except Exception as exc:  # not installed, or no UCX: inline bytes only
-        log.warning("nixl_unavailable", error=repr(exc))
-        return None
+    except Exception as exc:  # not installed, or no UCX
+        return _unavailable(required, repr(exc), exc)
     made: list[str] = []
     for backend in backends:
         params = {"ucx_error_handling_mode": "none"} if backend == "UCX" else {}
@@ -39,7 +45,13 @@ def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX")) -> 
         except Exception as exc:
             log.warning("nixl_backend_failed", backend=backend, error=repr(exc))
     if not made:
-        log.warning("nixl_unavailable", error="no backend could be created")
-        return None
+        return _unavailable(required, f"none of the backends {backends} could be created", None)
     log.info("nixl_agent_ready", name=name, backends=made)
     return NixlHandle(agent, name, tuple(made))
+
+
+def _unavailable(required: bool, reason: str, exc: Exception | None) -> None:
+    if required:
+        raise NixlUnavailable(f"no NIXL agent: {reason}") from exc
+    log.warning("nixl_unavailable", error=reason)
+    return None

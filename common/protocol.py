@@ -11,6 +11,10 @@ from typing import Literal, Union
 
 import msgspec
 
+# The wire contract's release: bumped whenever a message changes incompatibly. Registrations carry it and the router
+# refuses a peer of another version loudly (a field it does not know would otherwise be silently misread).
+PROTOCOL_VERSION = 2
+
 Role = Literal["prefill", "decode", "both"]
 Tier = Literal["device", "host", "disk"]
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -85,6 +89,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
 class RegisterWorker(_Msg, frozen=True):
     request_id: str
     info: WorkerInfo
+    # PROTOCOL_VERSION of the sender; 0 = a release from before versions were sent.
+    protocol_version: int = 0
 
 
 class RegisterAck(_Msg, frozen=True):
@@ -205,6 +211,12 @@ class WorkerStats(_Msg, frozen=True):
     # The last pulls one by one, oldest first (at most services.worker.transfer_log.RECENT_TRANSFERS): sums hide
     # whether a slow run was a few outliers or every pull.
     recent_transfers: tuple[TransferSample, ...] = ()
+    # Prompt tokens by where their KV came from, cumulative (vLLM's scheduler accounting; 0 where unknown: mock):
+    # computed here, hit in this engine's prefix cache, pulled from elsewhere (NIXL from a prefill worker, kvtier).
+    # A decode worker that recomputes a prompt it should have pulled shows up here, not in the output.
+    num_prompt_tokens_computed: int = 0
+    num_prompt_tokens_cached: int = 0
+    num_prompt_tokens_pulled: int = 0
 
 
 # ------------------------------------------------------------------------------- KV events (source -> router)
@@ -282,6 +294,8 @@ class RegisterTier(_Msg, frozen=True):
     tier_id: str
     # kvtier's ROUTER socket, where workers send TierStore / TierLookup.
     endpoint: str
+    # PROTOCOL_VERSION of the sender (see RegisterWorker).
+    protocol_version: int = 0
     # Fixed slot size of the pool: the largest block kvtier holds.
     block_bytes: int = 0
     # NIXL agent name of the pool ("" = no NIXL registration).

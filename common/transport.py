@@ -3,7 +3,10 @@
 A ``Client`` is one DEALER connected to one server. It matches replies to requests by ``request_id``:
 ``request`` awaits one reply, ``open_stream`` yields every reply for a request id until the caller closes it.
 A ``Server`` is one ROUTER: ``recv`` returns (peer identity, message) and ``send`` answers that peer.
-Malformed or oversized frames are logged and dropped; the socket keeps serving.
+Malformed frames and frames over ``max_message_bytes`` are logged and dropped; the connection they came on and
+every stream multiplexed on it keep going. Only a frame over ``hard_max_message_bytes`` (16x the cap) makes libzmq
+cut that peer's connection (ZMQ_MAXMSGSIZE: the bound on what one hostile peer can make us buffer). A message over
+the cap is refused before it is sent (``ProtocolError``), so our own processes never trip a peer's limit.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from common.security import CurveKeys, SecureContext, secure_client, secure_serv
 
 log = structlog.get_logger(__name__)
 
-# Largest message a socket accepts; ZeroMQ drops the peer's frame above it. A 128k-token request is ~0.6 MiB.
+# Largest message a socket accepts; larger frames are dropped (logged). A 128k-token request is ~0.6 MiB.
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# libzmq's own limit, over which it closes the connection, as a multiple of the cap above.
+HARD_LIMIT_FACTOR = 16
 
 # Messages a reader takes per wake-up straight from the socket (no asyncio future each) before it awaits
 # again; bounds how long one burst keeps the loop.
@@ -51,6 +56,27 @@ class TransportConfig:
     # CURVE keys for sockets that cross hosts; None = plain TCP (the loopback default).
     curve: CurveKeys | None = None
 
+    @property
+    def hard_max_message_bytes(self) -> int:
+        return self.max_message_bytes * HARD_LIMIT_FACTOR
+
+
+def encode_capped(msg: Message, max_message_bytes: int) -> bytes:
+    """``protocol.encode``, refusing a message its peer would drop."""
+    data = protocol.encode(msg)
+    if len(data) > max_message_bytes:
+        raise ProtocolError(f"{type(msg).__name__} of {len(data)} bytes is over the {max_message_bytes}-byte "
+                            "message cap; not sent")
+    return data
+
+
+def oversized(data: bytes, max_message_bytes: int, **where: Any) -> bool:
+    """True (and logged) when a received frame is over the cap: the caller drops it."""
+    if len(data) <= max_message_bytes:
+        return False
+    log.warning("dropped_frame", reason="over the message cap", num_bytes=len(data), cap=max_message_bytes, **where)
+    return True
+
 
 def open_context(config: TransportConfig) -> SecureContext:
     """The process's ZeroMQ context (with CURVE client checks when configured); close it last."""
@@ -59,7 +85,7 @@ def open_context(config: TransportConfig) -> SecureContext:
 
 def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, config.hard_max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, config.hwm)
     sock.setsockopt(zmq.RCVHWM, config.hwm)
 
@@ -89,6 +115,7 @@ class Server:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig(),
                  mandatory: bool = False):
         self._sock = ctx.socket(zmq.ROUTER)
+        self._max_bytes = config.max_message_bytes
         _configure(self._sock, config)
         secure_server(self._sock, config.curve)
         # A peer that reconnects with the same identity takes over its route instead of being refused.
@@ -116,13 +143,15 @@ class Server:
             if len(frames) != 2:
                 log.warning("dropped_frame", reason="expected identity + payload", num_frames=len(frames))
                 continue
+            if oversized(frames[1], self._max_bytes, endpoint=self.endpoint):
+                continue
             try:
                 return frames[0], protocol.decode(frames[1])
             except ProtocolError as exc:
                 log.warning("dropped_frame", reason=str(exc))
 
     async def send(self, identity: bytes, msg: Message) -> None:
-        await self._sock.send_multipart((identity, protocol.encode(msg)), copy=True)
+        await self._sock.send_multipart((identity, encode_capped(msg, self._max_bytes)), copy=True)
 
     def send_nowait(self, identity: bytes, msg: Message) -> None:
         """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths.
@@ -131,7 +160,8 @@ class Server:
         readable edge, and only the asyncio layer then re-checks for messages a pending recv waits on (a send
         on the shadow once left a worker deaf to new requests). Its non-blocking send resolves at once, so an
         error (a mandatory server's EHOSTUNREACH or zmq.Again) is raised here, not left in a future."""
-        fut = self._sock.send_multipart((identity, protocol.encode(msg)), flags=zmq.NOBLOCK, copy=True)
+        fut = self._sock.send_multipart((identity, encode_capped(msg, self._max_bytes)), flags=zmq.NOBLOCK,
+                                        copy=True)
         if not fut.done():  # queued behind an awaited send: report failures, nobody awaits this one
             fut.add_done_callback(_log_send_failure)
             return
@@ -191,6 +221,7 @@ class Client:
     ) -> None:
         self.endpoint = endpoint
         self._sock = ctx.socket(zmq.DEALER)
+        self._max_bytes = config.max_message_bytes
         _configure(self._sock, config)
         secure_client(self._sock, config.curve)
         self._sock.connect(endpoint)
@@ -220,6 +251,8 @@ class Client:
             raise
 
     def _on_frame(self, data: bytes) -> None:
+        if oversized(data, self._max_bytes, endpoint=self.endpoint):
+            return
         try:
             msg = protocol.decode(data)
         except ProtocolError as exc:
@@ -245,10 +278,10 @@ class Client:
             self._on_unsolicited(msg)
 
     def send_nowait(self, msg: Message) -> None:
-        self._sock.send(protocol.encode(msg), copy=True, flags=zmq.NOBLOCK)
+        self._sock.send(encode_capped(msg, self._max_bytes), copy=True, flags=zmq.NOBLOCK)
 
     async def send(self, msg: Message) -> None:
-        await self._sock.send(protocol.encode(msg), copy=True)
+        await self._sock.send(encode_capped(msg, self._max_bytes), copy=True)
 
     async def request(self, msg: Message, timeout_s: float) -> Message:
         """Send ``msg`` (which has a request_id) and await its one reply."""

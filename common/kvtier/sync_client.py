@@ -22,6 +22,7 @@ import structlog
 import zmq
 
 from common import protocol
+from common.backoff import backoff_s
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import (
     ErrorReply,
@@ -264,10 +265,11 @@ class SyncTierClient:
         scheduler for its timeout, so a dead kvtier must cost that rarely, not once a second."""
         self.num_failures += 1
         self._num_failed_in_row = min(self._num_failed_in_row + 1, 4)
-        backoff_s = self.config.backoff_s * 2 ** (self._num_failed_in_row - 1)
+        # Jittered (common.backoff): the model-runner and scheduler processes of every engine retry apart.
+        wait_s = backoff_s(self._num_failed_in_row, self.config.backoff_s, self.config.backoff_s * 8)
         if not self._is_down():
-            log.warning("kvtier_unavailable", what=what, error=repr(exc), backoff_s=backoff_s)
-        self._down_until = time.monotonic() + backoff_s
+            log.warning("kvtier_unavailable", what=what, error=repr(exc), backoff_s=wait_s)
+        self._down_until = time.monotonic() + wait_s
 
     def _answered(self) -> None:
         self._num_failed_in_row = 0

@@ -59,13 +59,13 @@ class Dashboard:
             "model": self._model, "time": time.time(),
             "workers": sorted(rows, key=lambda r: (r["role"], r["worker_id"])),
             "frontend": {
-                "inflight": m.inflight._value.get(),
+                "inflight": m.value("splitserve_frontend_inflight_requests"),
                 "ttft_ms": {"p50": percentile_ms(ttft, 0.5), "p99": percentile_ms(ttft, 0.99), "n": len(ttft)},
                 "itl_ms": {"p50": percentile_ms(itl, 0.5), "p99": percentile_ms(itl, 0.99), "n": len(itl)},
                 "recent_ttft_ms": [round(v * 1000.0, 2) for v in ttft[-120:]],
-                "prefill_remote": m.prefill_decisions.labels(where="remote")._value.get(),
-                "prefill_local": m.prefill_decisions.labels(where="local")._value.get(),
-                "migrations": m.migrations._value.get(),
-                "transfer_failures": m.transfer_failures._value.get(),
+                "prefill_remote": m.value("splitserve_frontend_prefill_decisions_total", where="remote"),
+                "prefill_local": m.value("splitserve_frontend_prefill_decisions_total", where="local"),
+                "migrations": m.value("splitserve_frontend_migrations_total"),
+                "transfer_failures": m.value("splitserve_frontend_kv_transfer_failures_total"),
             },
         })

@@ -61,5 +61,9 @@ class FrontendMetrics:
         self.itl_seconds.observe(seconds)
         self.recent_itl_s.append(seconds)
 
+    def value(self, sample: str, **labels: str) -> float:
+        """A sample's current value through prometheus_client's public API (0 before the first observation)."""
+        return self.registry.get_sample_value(sample, labels or None) or 0.0
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ import structlog
 
 from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.context import served_context_len
 from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.metrics import FrontendMetrics
@@ -140,9 +141,10 @@ class FrontendService:
 
     def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Checks the prompt fits the context; returns max_tokens (default: the rest of the context)."""
-        max_len = self.tokenizer.max_model_len
+        max_len = served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
+                                     self.config.model_name)
         if num_prompt_tokens >= max_len:
-            raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this model's context is {max_len} tokens",
+            raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this server's context is {max_len} tokens",
                            param="messages", code="context_length_exceeded")
         if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
             raise ApiError(400, f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "

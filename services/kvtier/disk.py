@@ -13,6 +13,7 @@ Data is checked by the caller (checksums in the index), never trusted from disk.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,24 @@ log = structlog.get_logger(__name__)
 IoMode = Literal["nixl", "os"]
 
 
+def open_slab(path: Path) -> int:
+    """A new slab file of our own at ``path``: never through a link, never someone else's file.
+
+    O_EXCL|O_NOFOLLOW: a symlink or file planted at the path (by another local user, say) is not followed or
+    truncated. A regular file of ours left by a crashed run is replaced; anything else is refused.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"refusing disk tier slab {path}: it exists and is not a regular file of ours") from None
+        path.unlink()
+        log.warning("disk_tier_stale_slab_replaced", path=str(path))
+        return os.open(path, flags, 0o600)
+
+
 class DiskTier:
     def __init__(self, directory: Path, tier_id: str, num_slots: int, block_bytes: int, pool: HostPool,
                  nixl: NixlHandle | None = None, prefer_nixl: bool = True,
@@ -34,9 +53,9 @@ class DiskTier:
         self.block_bytes = block_bytes
         self.num_slots = num_slots
         self.pool = pool
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = directory / f"kvtier-{tier_id}.slab"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fd = open_slab(self.path)
         os.ftruncate(self._fd, num_slots * block_bytes)
         self._xfer_timeout_s = xfer_timeout_s
         self._nixl = nixl

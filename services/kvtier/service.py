@@ -18,8 +18,10 @@ import zmq
 import zmq.asyncio
 
 from common import protocol
-from common.errors import ProtocolError, RemoteError, TransportTimeout
+from common.backoff import Backoff
+from common.errors import ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
 from common.protocol import (
+    PROTOCOL_VERSION,
     BlockStored,
     ErrorReply,
     GetStats,
@@ -208,8 +210,8 @@ class KvTierService:
 
     async def _register(self) -> None:
         assert self._router is not None and self.store is not None
-        backoff_s = 0.1
-        msg = RegisterTier(request_id="", tier_id=self.config.tier_id,
+        backoff = Backoff(base_s=0.1, max_s=2.0)
+        msg = RegisterTier(request_id="", tier_id=self.config.tier_id, protocol_version=PROTOCOL_VERSION,
                            endpoint=self.config.advertise_endpoint or self.endpoint,
                            block_bytes=self.store.block_bytes,
                            nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "")
@@ -224,11 +226,13 @@ class KvTierService:
                 log.info("tier_registered", tier_id=self.config.tier_id, router=self.config.router_endpoint)
                 return
             except RemoteError as exc:
+                if exc.code == "registration_refused":  # a broken contract never degrades: stop loudly
+                    log.error("registration_refused", tier_id=self.config.tier_id, reason=exc.message)
+                    raise RegistrationRefused(exc.message) from exc
                 log.warning("tier_register_failed", error=str(exc))
             except TransportTimeout:
                 log.warning("router_unreachable", router=self.config.router_endpoint)
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, 2.0)
+            await asyncio.sleep(backoff.next_s())
 
     def _connect_events(self, endpoint: str) -> None:
         """(Re)connect the PUB socket; numbering restarts at 0 with everything held as the first batch."""

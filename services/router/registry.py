@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from common.errors import RegistrationRefused
-from common.protocol import Role, WorkerInfo, WorkerLoad
+from common.protocol import PROTOCOL_VERSION, Role, WorkerInfo, WorkerLoad
 
 DECODE_ROLES: frozenset[Role] = frozenset({"decode", "both"})
 PREFILL_ROLES: frozenset[Role] = frozenset({"prefill"})
@@ -26,6 +26,14 @@ class WorkerEntry:
     num_routed_since_report: int = 0
     # Draining workers get no new routes; they stay listed until they unregister or go silent.
     draining: bool = False
+
+
+def check_protocol_version(peer_id: str, version: int) -> None:
+    """Refuses a peer that speaks another wire version (a mixed-release cluster), naming both versions."""
+    if version != PROTOCOL_VERSION:
+        raise RegistrationRefused(
+            f"{peer_id} speaks protocol version {version} but this router speaks {PROTOCOL_VERSION}: "
+            "run the same splitserve release on every process")
 
 
 class Registry:

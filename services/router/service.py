@@ -34,13 +34,13 @@ from common.protocol import (
     WorkerRef,
 )
 from common.security import secure_server
-from common.transport import Server, TransportConfig, new_id, open_context, serve_requests
+from common.transport import Server, TransportConfig, new_id, open_context, oversized, serve_requests
 from services.router.approx_index import ApproxIndex
 from services.router.event_watch import EventWatch
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
-from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry
+from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
 
 log = structlog.get_logger(__name__)
 
@@ -92,7 +92,7 @@ class RouterService:
         self.endpoint = self._server.endpoint
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.max_message_bytes)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.hard_max_message_bytes)
         sub.setsockopt(zmq.RCVHWM, self.config.transport.hwm)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         secure_server(sub, self.config.transport.curve)
@@ -124,6 +124,12 @@ class RouterService:
                 self._tiers[worker_id] = now_s
                 return None
             case RegisterTier(request_id=rid, tier_id=tier_id):
+                try:
+                    check_protocol_version(tier_id, msg.protocol_version)
+                except RegistrationRefused as exc:
+                    log.error("registration_refused", worker_id=tier_id, reason=str(exc))
+                    self.metrics.registrations_refused.inc()
+                    return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
                 # A (re-)registration starts the tier's blocks over; its events (batch 0 = all it holds)
                 # rebuild them. Its blocks count for every worker.
                 self.index.remove_worker(tier_id)
@@ -145,6 +151,7 @@ class RouterService:
                 return None
             case RegisterWorker(request_id=rid, info=info):
                 try:
+                    check_protocol_version(info.worker_id, msg.protocol_version)
                     self.registry.register(info, now_s)
                 except RegistrationRefused as exc:
                     log.error("registration_refused", worker_id=info.worker_id, reason=str(exc))
@@ -245,6 +252,8 @@ class RouterService:
     async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
         while True:
             data = await sub.recv()
+            if oversized(data, self.config.transport.max_message_bytes, socket="kv_events"):
+                continue  # the batch's number is then missing: the gap asks that source for a snapshot
             try:
                 msg = protocol.decode(data)
             except ProtocolError as exc:

@@ -72,6 +72,10 @@ class EngineCounters:
     num_transfer_descriptors: int = 0
     # The last pulls one by one, oldest first (not drained), for GetStats.
     recent_transfers: tuple[TransferSample, ...] = ()
+    # Prompt tokens computed / hit in the engine's prefix cache / pulled (see WorkerStats), cumulative.
+    num_prompt_tokens_computed: int = 0
+    num_prompt_tokens_cached: int = 0
+    num_prompt_tokens_pulled: int = 0
 
 
 class Engine(Protocol):

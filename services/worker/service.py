@@ -20,8 +20,10 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from common.backoff import Backoff
 from common.errors import EngineError, ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
 from common.protocol import (
+    PROTOCOL_VERSION,
     Abort,
     ErrorReply,
     Generate,
@@ -197,7 +199,10 @@ class WorkerService:
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
                     num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
                     transfer_seconds_total=c.transfer_seconds_total,
-                    num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=c.recent_transfers))
+                    num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=c.recent_transfers,
+                    num_prompt_tokens_computed=c.num_prompt_tokens_computed,
+                    num_prompt_tokens_cached=c.num_prompt_tokens_cached,
+                    num_prompt_tokens_pulled=c.num_prompt_tokens_pulled))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 
@@ -263,10 +268,11 @@ class WorkerService:
     async def _register(self) -> None:
         """Register until the router answers; a refusal is fatal (a broken contract never degrades)."""
         assert self._router is not None
-        backoff_s = 0.1
+        backoff = Backoff(base_s=0.1, max_s=2.0)
         while True:
             try:
-                ack = await self._router.request(RegisterWorker(request_id=new_id("reg"), info=self._info()),
+                ack = await self._router.request(RegisterWorker(
+                    request_id=new_id("reg"), info=self._info(), protocol_version=PROTOCOL_VERSION),
                                                  timeout_s=self.config.register_timeout_s)
                 assert isinstance(ack, RegisterAck)
                 self._must_register.clear()
@@ -282,8 +288,7 @@ class WorkerService:
                 log.warning("register_failed", error=str(exc))
             except TransportTimeout:
                 log.warning("router_unreachable", router=self.config.router_endpoint)
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, 2.0)
+            await asyncio.sleep(backoff.next_s())
 
     def _on_router_message(self, msg: Message) -> None:
         match msg:

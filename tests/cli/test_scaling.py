@@ -47,8 +47,12 @@ def test_scale_events_keep_the_latest_per_pool_and_drop_garbage() -> None:
         pub.send(b"\x93not a message")
         for seq, (pool, target) in enumerate([("prefill", 2), ("decode", 3), ("prefill", 3)], start=1):
             pub.send(encode(ScaleRequest(seq=seq, pool=pool, current=1, target=target)))
-        time.sleep(0.2)
-        assert events.poll() == {"prefill": 3, "decode": 3}
+        seen: dict[str, int] = {}
+        deadline = time.monotonic() + 5
+        while seen != {"prefill": 3, "decode": 3} and time.monotonic() < deadline:  # wait on the condition
+            seen.update(events.poll())
+            time.sleep(0.01)
+        assert seen == {"prefill": 3, "decode": 3}  # the latest per pool; the garbage frame was dropped
         assert events.poll() == {}
     finally:
         events.close()

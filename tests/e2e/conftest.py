@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from cli.launcher import free_port
 from tests.graph import Graph, start_graph
 
 
@@ -26,6 +27,7 @@ def mock_agg(tmp_path_factory) -> Graph:
 def mock_kv2(tmp_path_factory) -> Graph:
     """2 aggregated mock workers behind the KV-aware router."""
     graph = start_graph(tmp_path_factory.mktemp("kv2"), "--engine", "mock", "--aggregated", "2",
-                        "--mock-speedup", "10", "--num-blocks", "512", "--router-policy", "kv")
+                        "--mock-speedup", "10", "--num-blocks", "512", "--router-policy", "kv",
+                        "--router-metrics-port", str(free_port()))
     yield graph
     graph.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_kvtier_vllm import FILLERS, PREFIX, complete
-from tests.graph import start_graph, wait_until
+from tests.graph import start_graph, wait_until, worker_stats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
@@ -28,8 +28,20 @@ def test_prefix_onboarded_under_multiconnector(tmp_path) -> None:
         _settled(graph)
         before = tier_stats(graph)
         assert before.blocks_stored >= 8 + 2 * 23
+        decode_before = worker_stats(graph.router)["decode-1"]
         text, _ = complete(graph, PREFIX)
         assert text == reference
+        # The decode worker pulled this prompt over NIXL (one READ of as many bytes as the first, fresh pull of
+        # the same prompt) and computed at most the one token whose logits it needs: no silent recompute
+        # (kv_load_failure_policy=recompute would pass the equality above).
+        decode = worker_stats(graph.router)["decode-1"]
+        assert decode.num_transfers == decode_before.num_transfers + 1
+        assert decode.num_transfer_failures == 0
+        first_pull, last_pull = decode.recent_transfers[0], decode.recent_transfers[-1]
+        assert last_pull.num_bytes == first_pull.num_bytes > 0
+        computed = decode.num_prompt_tokens_computed - decode_before.num_prompt_tokens_computed
+        pulled = decode.num_prompt_tokens_pulled - decode_before.num_prompt_tokens_pulled
+        assert computed <= 1 and pulled >= len(PREFIX) - 1, (computed, pulled)
         after = tier_stats(graph)
         assert after.hits_host - before.hits_host == 8 and after.checksum_failures == 0
         logs = graph.logs()

@@ -120,3 +120,29 @@ def test_malformed_and_oversized_bodies(mock_pd: Graph) -> None:
     got, payload = post(mock_pd, "/v1/nothing", {})
     assert got == 404
     assert client(mock_pd).completions.create(model=MODEL, prompt="ok", max_tokens=1).usage.completion_tokens == 1
+
+
+def test_prompt_over_the_workers_context_is_a_400_naming_it(tmp_path) -> None:
+    """Workers whose KV pool holds 8 blocks of 32 tokens serve at most 256 tokens: a longer prompt is the
+    client's error (400 with the limit), not a retryable 503 from a worker."""
+    import time
+
+    from tests.graph import start_graph
+
+    graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "inf",
+                        "--num-blocks", "8", "--block-size", "32", "--no-kvtier")
+    try:
+        deadline = time.monotonic() + 5  # the frontend learns the workers' limits from its next worker poll
+        while True:
+            status, body = post(graph, "/v1/completions", {"model": MODEL, "prompt": list(range(1, 301)),
+                                                           "max_tokens": 4})
+            if status == 400 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 400, body
+        assert body["error"]["code"] == "context_length_exceeded"
+        assert "256 tokens" in body["error"]["message"]
+        status, body = post(graph, "/v1/completions", {"model": MODEL, "prompt": list(range(1, 101)), "max_tokens": 4})
+        assert status == 200, body
+    finally:
+        graph.stop()

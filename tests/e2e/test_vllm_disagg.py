@@ -47,6 +47,13 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     try:
         for n in LENGTHS:
             assert complete(agg, prompt(n, salt=n)) == pd[n], f"prompt of {n} tokens"
+        # Negative control: equality above only proves the pulled KV right if wrong KV would change the output.
+        # The same prompts with one early block's tokens changed (its KV then differs, as a corrupted pull's
+        # would) must give other outputs; a model blind to its context would pass the equality with any KV.
+        for n in (257, 700, 1500):
+            altered = prompt(n, salt=n)
+            altered[32:64] = [(t + 1) % 8000 + 100 for t in altered[32:64]]
+            assert complete(agg, altered) != pd[n], f"output of {n} tokens ignores its second block"
         # vLLM's prefix cache, reported in usage: the 700-token prompt again reuses its 21 full blocks.
         again = client(agg).completions.create(model=MODEL, prompt=prompt(700, salt=700), max_tokens=2,
                                                temperature=0, extra_body={"ignore_eos": True})

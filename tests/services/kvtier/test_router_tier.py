@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from common.protocol import (
+    PROTOCOL_VERSION,
     BlockStored,
     ErrorReply,
     Heartbeat,
@@ -25,7 +26,8 @@ def _router() -> RouterService:
     for wid in ("w0", "w1"):
         info = WorkerInfo(worker_id=wid, role="both", model="m", block_size=16, num_blocks=64,
                           endpoint=f"tcp://127.0.0.1:1{wid[-1]}", kv_events=True)
-        assert isinstance(svc.handle(wid.encode(), RegisterWorker(request_id=wid, info=info)), RegisterAck)
+        assert isinstance(svc.handle(wid.encode(), RegisterWorker(request_id=wid, info=info,
+                                                                     protocol_version=PROTOCOL_VERSION)), RegisterAck)
     return svc
 
 
@@ -41,7 +43,8 @@ def test_tier_blocks_count_for_every_worker() -> None:
     # Before registration, a tier's events are dropped.
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(11, 12, 13), parent_hash=None, tier="host")))
     assert svc._overlaps(hashes) == {"w0": TierOverlap(1, 1, 1)}
-    ack = svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5"))
+    ack = svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+                                           protocol_version=PROTOCOL_VERSION))
     assert ack == RegisterAck(request_id="r", worker_id="kvtier-0", events_endpoint="tcp://127.0.0.1:9")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(11, 12, 13), parent_hash=None, tier="host")))
     svc._apply_events(_tier_events(1, BlockStored(block_hashes=(14,), parent_hash=None, tier="disk")))
@@ -50,7 +53,8 @@ def test_tier_blocks_count_for_every_worker() -> None:
 
 def test_tier_heartbeat_and_expiry() -> None:
     svc = _router()
-    svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5"))
+    svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+                                           protocol_version=PROTOCOL_VERSION))
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21, 22), parent_hash=None, tier="host")))
     assert svc.handle(b"tier", Heartbeat(worker_id="kvtier-0", load=WorkerLoad())) is None
     assert isinstance(svc.handle(b"x", Heartbeat(worker_id="nobody", load=WorkerLoad())), ErrorReply)
@@ -60,6 +64,7 @@ def test_tier_heartbeat_and_expiry() -> None:
     # A dead tier's late events are dropped; after it re-registers (numbering from 0) they count again.
     svc._apply_events(_tier_events(1, BlockStored(block_hashes=(21,), parent_hash=None, tier="host")))
     assert svc._overlaps([21, 22]) == {}
-    svc.handle(b"tier", RegisterTier(request_id="r2", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5"))
+    svc.handle(b"tier", RegisterTier(request_id="r2", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+                                           protocol_version=PROTOCOL_VERSION))
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21,), parent_hash=None, tier="host")))
     assert svc._overlaps([21, 22]) == {"w0": TierOverlap(0, 1, 1), "w1": TierOverlap(0, 1, 1)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from common.hashing import block_hashes
-from common.protocol import RegisterAck, RegisterWorker, Route, RouteRequest, WorkerInfo, WorkerLoad
+from common.protocol import PROTOCOL_VERSION, RegisterAck, RegisterWorker, Route, RouteRequest, WorkerInfo, WorkerLoad
 from services.router.index import TierOverlap
 from services.router.policy import Candidate, PolicyConfig, choose_worker
 from services.router.service import RouterConfig, RouterService
@@ -45,7 +45,8 @@ def _router(pending_ttl_s: float) -> RouterService:
     for i in range(4):
         info = WorkerInfo(worker_id=f"w{i}", role="both", model="m", block_size=BS, num_blocks=296,
                           endpoint=f"tcp://127.0.0.1:1{i}", kv_events=True)
-        assert isinstance(svc.handle(f"w{i}".encode(), RegisterWorker(request_id=f"r{i}", info=info)), RegisterAck)
+        assert isinstance(svc.handle(f"w{i}".encode(), RegisterWorker(request_id=f"r{i}", info=info,
+                                                                 protocol_version=PROTOCOL_VERSION)), RegisterAck)
     return svc
 
 
@@ -78,5 +79,6 @@ def test_pending_run_covers_the_prompt_and_is_forgotten_on_reregistration() -> N
     worker = _route(svc, prompt)
     hashes = block_hashes(prompt, BS, svc.registry.get(worker).info.hash_seed)
     assert svc._overlaps(hashes)[worker] == TierOverlap(10, 10, 10)
-    svc.handle(worker.encode(), RegisterWorker(request_id="again", info=svc.registry.get(worker).info))
+    svc.handle(worker.encode(), RegisterWorker(request_id="again", info=svc.registry.get(worker).info,
+                                                         protocol_version=PROTOCOL_VERSION))
     assert worker not in svc._overlaps(hashes)  # re-registration forgets pending blocks too

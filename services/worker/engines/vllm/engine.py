@@ -344,6 +344,9 @@ class VllmEngine:
             transfer_seconds_total=self._stats.transfers.seconds_total,
             num_transfer_descriptors=self._stats.transfers.num_descriptors,
             recent_transfers=self._stats.transfers.recent(),
+            num_prompt_tokens_computed=self._stats.prompt_sources.num_computed,
+            num_prompt_tokens_cached=self._stats.prompt_sources.num_local_cache_hit,
+            num_prompt_tokens_pulled=self._stats.prompt_sources.num_external_kv_transfer,
         )
 
     def prompt_token_sources(self) -> PromptTokenSources:

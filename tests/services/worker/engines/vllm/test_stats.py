@@ -1,42 +1,61 @@
-"""EngineStatsSink: vLLM's NIXL connector stats summed into the figures a worker reports (exact, no engine)."""
+"""EngineStatsSink on the stats vLLM itself produces: its own NixlKVConnectorStats (and MultiConnector's) recording
+READ telemetry, passed as vLLM's scheduler passes them (``SchedulerStats.kv_connector_stats``, the ``to_dict()``
+payload). If vLLM changes what it records, these fail; the real pulls are checked in tests/e2e/test_vllm_disagg.py."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats  # noqa: E402
+from vllm.v1.metrics.stats import SchedulerStats  # noqa: E402
+
 from common.protocol import TransferSample  # noqa: E402
 from services.worker.engines.vllm.stats import EngineStatsSink  # noqa: E402
 
 
-def _nixl(durations_s: list[float], nbytes: list[int], descs: list[int], failed: int = 0) -> dict:
-    # NixlKVConnectorStats.data: one entry per finished READ, one per failure event.
-    return {"transfer_duration": durations_s, "post_duration": durations_s, "bytes_transferred": nbytes,
-            "num_descriptors": descs, "num_failed_transfers": [1] * failed, "num_failed_handshakes": []}
+def _telemetry(xfer_us: float, post_us: float, num_bytes: int, num_descriptors: int) -> SimpleNamespace:
+    # The fields of nixl's nixlXferTelemetry that vLLM reads (durations in microseconds).
+    return SimpleNamespace(xferDuration=xfer_us, postDuration=post_us, totalBytes=num_bytes, descCount=num_descriptors,
+                           startTime=0)
 
 
-def test_nixl_reads_are_summed_and_kept_one_by_one() -> None:
+def _scheduler_stats(connector_stats) -> SchedulerStats:
+    return SchedulerStats(kv_connector_stats=connector_stats.to_dict())
+
+
+def test_reads_recorded_by_vllm_are_summed_and_kept_one_by_one() -> None:
+    nixl = NixlKVConnectorStats()
+    nixl.record_transfer(_telemetry(2000, 1500, 24_772_608, 12))
+    nixl.record_transfer(_telemetry(3000, 2500, 24_772_608, 24))
+    failed = NixlKVConnectorStats()
+    failed.record_failed_transfer()
     sink = EngineStatsSink()
-    sink._record_connector(_nixl([0.002, 0.003], [24_772_608, 24_772_608], [12, 24]))
-    sink._record_connector(_nixl([], [], [], failed=1))
+    sink.record_scheduler(_scheduler_stats(nixl))
+    sink.record_scheduler(_scheduler_stats(failed))
     log = sink.transfers
     assert (log.num_transfers, log.num_bytes, log.num_descriptors) == (2, 49_545_216, 36)
     assert log.seconds_total == pytest.approx(0.005)
     assert sink.num_transfer_failures == 1
     assert log.recent() == (
-        TransferSample(seq=1, seconds=0.002, num_bytes=24_772_608, num_descriptors=12, post_seconds=0.002),
-        TransferSample(seq=2, seconds=0.003, num_bytes=24_772_608, num_descriptors=24, post_seconds=0.003),
+        TransferSample(seq=1, seconds=0.002, num_bytes=24_772_608, num_descriptors=12, post_seconds=0.0015),
+        TransferSample(seq=2, seconds=0.003, num_bytes=24_772_608, num_descriptors=24, post_seconds=0.0025),
     )
-    assert log.drain_seconds() == (0.002, 0.003)
+    assert log.drain_seconds() == pytest.approx((0.002, 0.003))
     assert log.drain_seconds() == ()  # handed out once; the total and the recent pulls stay
-    assert log.seconds_total == pytest.approx(0.005)
     assert len(log.recent()) == 2
 
 
 def test_multiconnector_children_count_once() -> None:
-    # MultiConnector (NIXL + our kvtier connector): each child's stats under its name.
+    # P/D with kvtier: vLLM's MultiConnector reports each child's stats under its own name.
+    nixl = NixlKVConnectorStats()
+    nixl.record_transfer(_telemetry(4000, 4000, 1000, 12))
+    multi = MultiKVConnectorStats(data={"NixlConnector": nixl})
     sink = EngineStatsSink()
-    sink._record_connector({"NixlConnector": _nixl([0.004], [1000], [12]), "SplitserveTierConnector": {}})
+    sink.record_scheduler(_scheduler_stats(multi))
     log = sink.transfers
     assert (log.num_transfers, log.num_bytes, log.num_descriptors) == (1, 1000, 12)

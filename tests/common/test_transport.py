@@ -1,0 +1,61 @@
+"""The transport's size caps: an oversized frame is dropped, and the connection it came on keeps every stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from common.errors import ProtocolError
+from common.protocol import GetStats, Tokens
+from common.transport import Client, Server, TransportConfig
+
+CAP = 64 * 1024  # a small soft cap keeps the test cheap
+
+
+async def test_oversized_frame_is_dropped_and_the_connection_keeps_its_streams() -> None:
+    ctx = zmq.asyncio.Context()
+    config = TransportConfig(max_message_bytes=CAP)
+    server = Server(ctx, "tcp://127.0.0.1:0", config)
+    client = Client(ctx, server.endpoint, config)
+    try:
+        stream = client.open_stream("r1")
+        await client.send(GetStats(request_id="r1"))
+        identity, first = await asyncio.wait_for(server.recv(), 5)
+        assert first == GetStats(request_id="r1")
+        await server.send(identity, Tokens(request_id="r1", token_ids=(1,)))
+        assert (await asyncio.wait_for(stream.get(), 5)).token_ids == (1,)
+
+        # A buggy peer on the same connection sends one frame over the cap, then a good one.
+        await client._sock.send(b"\x00" * (4 * CAP))
+        await client.send(GetStats(request_id="r2"))
+        identity2, second = await asyncio.wait_for(server.recv(), 5)
+        assert second == GetStats(request_id="r2")  # the oversized one was dropped, not decoded
+        assert identity2 == identity  # same connection: nothing was cut
+
+        # The stream opened before the bad frame still gets what the server sends afterwards.
+        await server.send(identity, Tokens(request_id="r1", token_ids=(2,), finish_reason="stop"))
+        assert (await asyncio.wait_for(stream.get(), 5)).token_ids == (2,)
+    finally:
+        await client.close()
+        server.close()
+        ctx.term()
+
+
+async def test_a_message_over_the_cap_is_refused_before_it_is_sent() -> None:
+    ctx = zmq.asyncio.Context()
+    config = TransportConfig(max_message_bytes=CAP)
+    server = Server(ctx, "tcp://127.0.0.1:0", config)
+    client = Client(ctx, server.endpoint, config)
+    try:
+        with pytest.raises(ProtocolError, match="over the"):
+            await client.send(Tokens(request_id="big", token_ids=tuple(range(CAP))))
+        await client.send(GetStats(request_id="ok"))
+        _, msg = await asyncio.wait_for(server.recv(), 5)
+        assert msg == GetStats(request_id="ok")
+    finally:
+        await client.close()
+        server.close()
+        ctx.term()
