@@ -12,7 +12,6 @@ the cap is refused before it is sent (``ProtocolError``), so our own processes n
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 from collections import deque
 from collections.abc import Callable
@@ -39,13 +38,12 @@ HARD_LIMIT_FACTOR = 16
 # again; bounds how long one burst keeps the loop.
 _DRAIN_MAX = 256
 
-_ids = itertools.count()
-_pid = os.getpid()
-
-
 def new_id(prefix: str) -> str:
-    """A process-unique id; cheap (no uuid) because the frontend makes one per request."""
-    return f"{prefix}-{_pid:x}-{next(_ids):x}"
+    """A request id unique across processes, hosts and restarts: 96 random bits (``prefix-<24 hex>``).
+
+    Ids made of a pid and a counter collide between replicas (every container's frontend is PID 1), and workers
+    and routers key requests by id."""
+    return f"{prefix}-{os.urandom(12).hex()}"
 
 
 @dataclass(frozen=True, slots=True)

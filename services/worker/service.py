@@ -78,6 +78,8 @@ class WorkerService:
         self._server: Server | None = None
         self._router: Client | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Which frontend connection (ROUTER identity) sent each running request: only it may abort it.
+        self._owners: dict[str, bytes] = {}
         self._must_register = asyncio.Event()
         self._draining = False
         self._serving = False
@@ -188,10 +190,13 @@ class WorkerService:
                     self._reply(identity, ErrorReply(request_id=rid, code="duplicate_request",
                                                            message=f"request {rid} is already running"))
                     return
+                self._owners[rid] = identity
                 self._tasks[rid] = asyncio.get_running_loop().create_task(self._generate(identity, msg))
             case Abort(request_id=rid):
-                if rid in self._tasks:
+                if rid in self._tasks and self._owners.get(rid) == identity:
                     asyncio.get_running_loop().create_task(self.engine.abort(rid))
+                elif rid in self._tasks:  # another frontend's request: not this peer's to cancel
+                    log.warning("abort_refused", request_id=rid, reason="not the requester")
             case GetStats(request_id=rid):
                 c = self._refresh_counters()
                 self._reply(identity, WorkerStats(
@@ -241,6 +246,7 @@ class WorkerService:
             await self.engine.abort(msg.request_id)
         finally:
             self._tasks.pop(msg.request_id, None)
+            self._owners.pop(msg.request_id, None)
 
     def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
         """A one-off reply; dropped (logged) if the requester is gone or its queue is full."""

@@ -59,3 +59,13 @@ async def test_a_message_over_the_cap_is_refused_before_it_is_sent() -> None:
         await client.close()
         server.close()
         ctx.term()
+
+
+def test_request_ids_are_random_not_pid_and_counter() -> None:
+    from common.transport import new_id
+
+    ids = {new_id("cmpl") for _ in range(10_000)}
+    assert len(ids) == 10_000
+    one = next(iter(ids))
+    prefix, suffix = one.split("-")
+    assert prefix == "cmpl" and len(suffix) == 24 and int(suffix, 16) >= 0  # 96 bits, hex
