@@ -38,9 +38,9 @@ def planner_cmd(
     log_json: bool = LogJson,
 ) -> None:
     """Watch the graph's latency, queues and KV usage; publish how many prefill and decode workers it needs."""
-    from services.planner.plan import Slo
     from services.planner.policy import PlannerConfig
     from services.planner.service import PlannerService, PlannerServiceConfig
+    from services.planner.workload import Slo
 
     configure_logging(log_level, log_json, "planner")
     try:
@@ -49,13 +49,10 @@ def planner_cmd(
         raise typer.BadParameter(str(exc)) from exc
     timing, options = None, None
     if profile_path is not None:
-        from common.timing import TimingModel
-        from services.planner.plan import options_from_profile
-        from services.planner.profile import load_profile, timing_fields
+        from services.planner.profile import load_plan_inputs
 
         try:
-            doc = load_profile(profile_path)
-            timing, options = TimingModel.from_profile(timing_fields(doc)), options_from_profile(doc)
+            timing, options = load_plan_inputs(profile_path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             typer.echo(f"error: --profile {profile_path}: {exc}", err=True)
             raise typer.Exit(2) from exc

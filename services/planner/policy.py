@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from common.protocol import Role
-from services.planner.plan import Slo
+from services.planner.workload import Slo
 
 
 @dataclass(frozen=True, slots=True)

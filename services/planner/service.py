@@ -27,8 +27,9 @@ from common.errors import RemoteError, TransportTimeout
 from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
-from services.planner.plan import PlanOptions, Workload, plan_disaggregated, prefill_workers_for_quantile
+from services.planner.plan import plan_disaggregated, prefill_workers_for_quantile
 from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
+from services.planner.workload import PlanOptions, Workload
 from common.timing import TimingModel
 
 log = structlog.get_logger(__name__)
