@@ -31,7 +31,7 @@ def profile(
     import dataclasses
 
     from common.profile import write_profile
-    from services.worker import profile as prof
+    from services.worker.engines import profile as prof
 
     spec = prof.QUICK if quick else prof.ProfileSpec()
     if max_seconds is not None:

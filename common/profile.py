@@ -3,7 +3,7 @@
 The JSON (``PROFILE_KIND``, version 1) holds ``conditions``, the raw ``prefill`` and ``decode`` samples,
 ``timing`` (TimingModel field names, so ``TimingModel.from_profile(doc["timing"])`` works) and ``fit``
 (the fitted model's worst relative error per curve). ``load_timing`` reads it for ``--mock-profile``.
-The samples are measured by ``services.worker.profile``.
+The samples are measured by ``services.worker.engines.profile``.
 
 The fit (``fit_timing``) minimises *relative* error (weights 1/seconds), so short prompts are fitted as
 well as long ones, and drops a term whose coefficient comes out negative (a non-negative fit, by hand).

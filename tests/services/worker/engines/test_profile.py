@@ -8,7 +8,7 @@ import pytest
 
 from common.profile import PROFILE_KIND, timing_fields
 from common.timing import TimingModel
-from services.worker.profile import ProfileSpec, clip_spec, profile_mock
+from services.worker.engines.profile import ProfileSpec, clip_spec, profile_mock
 
 # Small enough for a test (~3 s), slow enough (speedup 2) that asyncio overhead is a few % of a step.
 SPEC = ProfileSpec(prefill_lengths=(32, 256, 1024), prefill_repeats=2, decode_batches=(1, 8, 32),
