@@ -7,7 +7,9 @@ heartbeats. See docs/architecture.md, "NIXL facts".
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -43,3 +45,20 @@ def make_nixl_agent(name: str, backends: tuple[str, ...] = ("UCX", "POSIX")) -> 
         return None
     log.info("nixl_agent_ready", name=name, backends=made)
     return NixlHandle(agent, name, tuple(made))
+
+
+def run_xfer(agent: Any, handle: Any, timeout_s: float, what: str) -> None:
+    """Post ``handle``'s transfer and poll it to the end (no progress thread: polling is what progresses it);
+    ``TimeoutError`` past ``timeout_s``, ``OSError`` when NIXL reports ERR, each naming ``what``. The handle is
+    released either way."""
+    try:
+        state = agent.transfer(handle)
+        deadline = time.monotonic() + timeout_s
+        while state not in ("DONE", "ERR"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NIXL {what} timed out")
+            state = agent.check_xfer_state(handle)
+        if state == "ERR":
+            raise OSError(f"NIXL {what} failed")
+    finally:
+        agent.release_xfer_handle(handle)
