@@ -34,8 +34,10 @@ from bench.lib.report import git_info, machine, now_iso  # noqa: E402
 from bench.lib.runner import RequestParams, run_point  # noqa: E402
 from bench.lib.server import Target  # noqa: E402
 from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
-from services.planner.plan import Slo, Workload, options_from_profile, plan  # noqa: E402
-from services.planner.profile import load_profile, timing_fields, with_serving_overheads  # noqa: E402
+from common.profile import load_profile, timing_fields  # noqa: E402
+from services.planner.plan import plan  # noqa: E402
+from services.planner.profile import options_from_profile, with_serving_overheads  # noqa: E402
+from services.planner.workload import Slo, Workload  # noqa: E402
 from common.timing import TimingModel  # noqa: E402
 
 WORKLOADS = (

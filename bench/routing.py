@@ -144,7 +144,8 @@ class AnswerTokens:
 
     def __init__(self, model_dir: Path) -> None:
         from common.tiny_model import validate_model_dir
-        from services.worker.engines.mock.engine import MockEngineConfig, next_token_id
+        from services.worker.engines.mock.config import MockEngineConfig
+        from services.worker.engines.mock.tokens import next_token_id
 
         info = validate_model_dir(model_dir)
         self._config = MockEngineConfig(vocab_size=info.vocab_size,

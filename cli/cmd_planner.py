@@ -16,21 +16,22 @@ from cli.options import (
     transport,
 )
 from cli.runner import run_service
+from services.planner import defaults as planner_defaults
 
 
 def planner_cmd(
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
     metrics_url: list[str] = typer.Option(["http://127.0.0.1:8000/metrics"], help="Frontend /metrics (repeatable)"),
-    events: str = typer.Option("tcp://127.0.0.1:5590", help="PUB socket for ScaleRequests (orchestrators subscribe)"),
-    slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="p90 targets: ttft_ms=..,itl_ms=.."),
+    events: str = typer.Option(planner_defaults.EVENTS_ENDPOINT, help="PUB socket for ScaleRequests (orchestrators subscribe)"),
+    slo: str = typer.Option(planner_defaults.SLO, help="p90 targets: ttft_ms=..,itl_ms=.."),
     profile_path: Optional[Path] = typer.Option(None, "--profile", help="`splitserve profile` JSON (model-based targets)"),
-    interval_s: float = typer.Option(5.0, help="Seconds between decisions"),
-    window_s: float = typer.Option(30.0, help="Each decision reads this many seconds of metrics"),
+    interval_s: float = typer.Option(planner_defaults.INTERVAL_S, help="Seconds between decisions"),
+    window_s: float = typer.Option(planner_defaults.WINDOW_S, help="Each decision reads this many seconds of metrics"),
     min_prefill: int = typer.Option(1),
-    max_prefill: int = typer.Option(4),
+    max_prefill: int = typer.Option(planner_defaults.MAX_PREFILL),
     min_decode: int = typer.Option(1),
-    max_decode: int = typer.Option(4),
-    max_workers: int = typer.Option(8, help="Most prefill + decode workers"),
+    max_decode: int = typer.Option(planner_defaults.MAX_DECODE),
+    max_workers: int = typer.Option(planner_defaults.MAX_WORKERS, help="Most prefill + decode workers"),
     down_after_intervals: int = typer.Option(3, help="Quiet intervals in a row before a worker is drained"),
     decisions: Optional[Path] = typer.Option(None, help="Append each interval's observation and decision (JSON lines)"),
     curve_dir: Optional[Path] = CurveDir,
@@ -38,9 +39,9 @@ def planner_cmd(
     log_json: bool = LogJson,
 ) -> None:
     """Watch the graph's latency, queues and KV usage; publish how many prefill and decode workers it needs."""
-    from services.planner.plan import Slo
     from services.planner.policy import PlannerConfig
     from services.planner.service import PlannerService, PlannerServiceConfig
+    from services.planner.workload import Slo
 
     configure_logging(log_level, log_json, "planner")
     try:
@@ -49,13 +50,10 @@ def planner_cmd(
         raise typer.BadParameter(str(exc)) from exc
     timing, options = None, None
     if profile_path is not None:
-        from common.timing import TimingModel
-        from services.planner.plan import options_from_profile
-        from services.planner.profile import load_profile, timing_fields
+        from services.planner.profile import load_plan_inputs
 
         try:
-            doc = load_profile(profile_path)
-            timing, options = TimingModel.from_profile(timing_fields(doc)), options_from_profile(doc)
+            timing, options = load_plan_inputs(profile_path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             typer.echo(f"error: --profile {profile_path}: {exc}", err=True)
             raise typer.Exit(2) from exc
@@ -69,7 +67,7 @@ def planner_cmd(
 
 
 def planner_events(
-    events: str = typer.Option("tcp://127.0.0.1:5590", help="The planner's PUB socket"),
+    events: str = typer.Option(planner_defaults.EVENTS_ENDPOINT, help="The planner's PUB socket"),
     count: int = typer.Option(0, help="Exit after this many (0: never)"),
 ) -> None:
     """Print the planner's ScaleRequests as JSON lines, for an orchestrator script (systemd, kubectl)."""

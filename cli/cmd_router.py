@@ -16,12 +16,13 @@ from cli.options import (
     transport,
 )
 from cli.runner import run_service
+from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 
 def router(
     endpoint: str = typer.Option(DEFAULT_ROUTER, envvar="SPLITSERVE_ROUTER", help="ZeroMQ bind address"),
     policy: str = typer.Option("kv", help="kv | round-robin | random | least-loaded"),
-    local_prefill_max_tokens: int = typer.Option(256, help="Uncached prompt tokens at or below which the "
+    local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, help="Uncached prompt tokens at or below which the "
                                                  "decode worker prefills locally"),
     events_endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ SUB bind address for KV events"),
     events_advertise: str = typer.Option("", help="KV-event address workers are told (default: the bound one)"),

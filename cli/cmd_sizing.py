@@ -30,7 +30,8 @@ def profile(
     import asyncio
     import dataclasses
 
-    from services.planner import profile as prof
+    from common.profile import write_profile
+    from services.worker.engines import profile as prof
 
     spec = prof.QUICK if quick else prof.ProfileSpec()
     if max_seconds is not None:
@@ -53,7 +54,7 @@ def profile(
         doc = asyncio.run(prof.profile_vllm(config, spec, log=say))
     else:
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
-    prof.write_profile(doc, output)
+    write_profile(doc, output)
     fit = doc["fit"]
     typer.echo(f"wrote {output} ({doc['conditions']['elapsed_s']:.0f} s, fit max error prefill "
                f"{fit['prefill_max_rel_err']:.1%}, decode {fit['decode_max_rel_err']:.1%})")
@@ -73,18 +74,17 @@ def plan(
     """Recommend prefill/decode workers and a local-prefill threshold for a workload and SLOs."""
     import json
 
-    from common.timing import TimingModel
-    from services.planner import plan as planner
-    from services.planner.profile import load_profile, timing_fields
+    from services.planner.display import format_plan
+    from services.planner.plan import plan as plan_pools
+    from services.planner.profile import load_plan_inputs
+    from services.planner.workload import Slo, Workload
 
     try:
-        doc = load_profile(profile_path)
-        timing = TimingModel.from_profile(timing_fields(doc))
-        workload = planner.Workload.of([int(x) for x in isl.split(",")], [int(x) for x in osl.split(",")],
-                                       rate=rate, concurrency=concurrency)
-        result = planner.plan(timing, workload, planner.Slo.parse(slo), planner.options_from_profile(
-            doc, max_batch=max_batch, chunk_tokens=chunk_tokens))
+        timing, options = load_plan_inputs(profile_path, max_batch=max_batch, chunk_tokens=chunk_tokens)
+        workload = Workload.of([int(x) for x in isl.split(",")], [int(x) for x in osl.split(",")],
+                               rate=rate, concurrency=concurrency)
+        result = plan_pools(timing, workload, Slo.parse(slo), options)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else planner.format_plan(result))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_plan(result))

@@ -14,6 +14,8 @@ from cli.options import (
     LogJson,
     LogLevel,
 )
+from services.planner import defaults as planner_defaults
+from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 
 def up(
@@ -23,7 +25,7 @@ def up(
     decode: int = typer.Option(1, help="Decode workers"),
     aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)"),
     router_policy: str = typer.Option("kv"),
-    local_prefill_max_tokens: int = typer.Option(256),
+    local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None),
     mock_speedup: float = typer.Option(1.0),
@@ -45,12 +47,12 @@ def up(
     pin_control_plane: bool = typer.Option(
         True, help="vLLM: keep frontend, router, kvtier and planner off decode cores (free cores, else prefill's)"),
     planner: bool = typer.Option(False, "--planner", help="Scale the prefill and decode pools live"),
-    planner_slo: str = typer.Option("ttft_ms=1000,itl_ms=100", help="The planner's SLOs (p90)"),
+    planner_slo: str = typer.Option(planner_defaults.SLO, help="The planner's SLOs (p90)"),
     planner_profile: Optional[Path] = typer.Option(None, help="`splitserve profile` JSON: scale ahead of the SLO"),
-    planner_interval_s: float = typer.Option(5.0, help="Seconds between planner decisions"),
-    planner_window_s: float = typer.Option(30.0, help="Seconds of metrics each planner decision reads"),
-    max_prefill: int = typer.Option(4, help="Planner: most prefill workers"),
-    max_decode: int = typer.Option(4, help="Planner: most decode workers"),
+    planner_interval_s: float = typer.Option(planner_defaults.INTERVAL_S, help="Seconds between planner decisions"),
+    planner_window_s: float = typer.Option(planner_defaults.WINDOW_S, help="Seconds of metrics each planner decision reads"),
+    max_prefill: int = typer.Option(planner_defaults.MAX_PREFILL, help="Planner: most prefill workers"),
+    max_decode: int = typer.Option(planner_defaults.MAX_DECODE, help="Planner: most decode workers"),
     max_workers: int = typer.Option(0, help="Planner: most workers in all (0: vLLM one per core; mock max-prefill + max-decode)"),
     planner_decisions: Optional[Path] = typer.Option(None, help="Planner: append each interval's decision (JSON lines)"),
     log_level: str = LogLevel,

@@ -67,10 +67,11 @@ def worker(
     wid = worker_id or f"{role}-{os.getpid()}"
     if engine == "mock":
         from common.timing import TimingModel
-        from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
+        from services.worker.engines.mock.config import MockEngineConfig
+        from services.worker.engines.mock.engine import MockEngine
 
         if mock_profile is not None:
-            from services.planner.profile import load_timing
+            from common.profile import load_timing
 
             try:
                 timing = load_timing(mock_profile, mock_speedup)

@@ -24,6 +24,8 @@ from pathlib import Path
 import structlog
 
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
+from services.planner import defaults as planner_defaults
+from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 log = structlog.get_logger(__name__)
 
@@ -36,11 +38,11 @@ class PlannerSpec:
 
     slo: str  # ttft_ms=..,itl_ms=..
     profile: Path | None = None
-    interval_s: float = 5.0
-    window_s: float = 30.0
-    max_prefill: int = 4
-    max_decode: int = 4
-    max_workers: int = 8
+    interval_s: float = planner_defaults.INTERVAL_S
+    window_s: float = planner_defaults.WINDOW_S
+    max_prefill: int = planner_defaults.MAX_PREFILL
+    max_decode: int = planner_defaults.MAX_DECODE
+    max_workers: int = planner_defaults.MAX_WORKERS
     decisions_path: Path | None = None
 
 
@@ -52,7 +54,7 @@ class GraphSpec:
     num_decode: int = 1
     num_aggregated: int = 0
     router_policy: str = "kv"
-    local_prefill_max_tokens: int = 256
+    local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     block_size: int = 32
     num_blocks: int | None = None
     mock_speedup: float = 1.0

@@ -9,8 +9,10 @@ from typing import Optional
 
 import typer
 
+from services.router.defaults import ROUTER_ENDPOINT
+
 DTYPE_HELP = "vLLM: auto (the model's; float32 for a 16-bit model on a CPU without native bf16) | float32 | bfloat16"
-DEFAULT_ROUTER = "tcp://127.0.0.1:5550"
+DEFAULT_ROUTER = ROUTER_ENDPOINT
 LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",

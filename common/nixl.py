@@ -7,7 +7,9 @@ heartbeats. See docs/architecture.md, "NIXL facts".
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -55,3 +57,20 @@ def _unavailable(required: bool, reason: str, exc: Exception | None) -> None:
         raise NixlUnavailable(f"no NIXL agent: {reason}") from exc
     log.warning("nixl_unavailable", error=reason)
     return None
+
+
+def run_xfer(agent: Any, handle: Any, timeout_s: float, what: str) -> None:
+    """Post ``handle``'s transfer and poll it to the end (no progress thread: polling is what progresses it);
+    ``TimeoutError`` past ``timeout_s``, ``OSError`` when NIXL reports ERR, each naming ``what``. The handle is
+    released either way."""
+    try:
+        state = agent.transfer(handle)
+        deadline = time.monotonic() + timeout_s
+        while state not in ("DONE", "ERR"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NIXL {what} timed out")
+            state = agent.check_xfer_state(handle)
+        if state == "ERR":
+            raise OSError(f"NIXL {what} failed")
+    finally:
+        agent.release_xfer_handle(handle)

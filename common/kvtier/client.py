@@ -27,7 +27,7 @@ import zmq.asyncio
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import TierBlocks, TierLookup, TierStore, TierStored
 from common.transport import Client, TransportConfig, new_id
-from common.kvtier.transfer import InlineTransfer, checksum
+from common.kvtier.transfer import InlineTransfer, block_ok
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +65,15 @@ class TierClientConfig:
     max_message_bytes: int = 12 * 1024 * 1024
     # Messages ZeroMQ may queue toward kvtier; small, so a dead kvtier cannot pile up memory.
     hwm: int = 8
+
+
+def next_page(block_hashes: Sequence[int], num_done: int, deadline: float, what: str) -> tuple[tuple[int, ...], float]:
+    """A paged lookup's next request: the hashes not yet answered and the seconds left before ``deadline``
+    (``time.monotonic()``); ``TransportTimeout`` once it has passed."""
+    remaining_s = deadline - time.monotonic()
+    if remaining_s <= 0:
+        raise TransportTimeout(f"{what} deadline")
+    return tuple(block_hashes[num_done:]), remaining_s
 
 
 class TierClient:
@@ -113,10 +122,7 @@ class TierClient:
         deadline = time.monotonic() + self.config.lookup_timeout_s
         try:
             while len(out) < len(block_hashes):
-                rest = tuple(block_hashes[len(out):])
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise TransportTimeout("lookup deadline")
+                rest, remaining_s = next_page(block_hashes, len(out), deadline, "lookup")
                 reply = await self._request(TierLookup(request_id=new_id("tl"), block_hashes=rest,
                                                        max_blocks=max_blocks), remaining_s)
                 assert isinstance(reply, TierBlocks)
@@ -148,8 +154,7 @@ class TierClient:
     def _verified(self, asked: Sequence[int], reply: TierBlocks) -> list[FetchedBlock]:
         good: list[FetchedBlock] = []
         for expected_hash, block in zip(asked, reply.blocks):
-            if (block.block_hash != expected_hash or len(block.data) != block.size
-                    or checksum(block.data) != block.checksum):
+            if not block_ok(block, expected_hash):
                 self.num_bad_blocks += 1
                 log.warning("tier_block_rejected", block_hash=block.block_hash, reason="hash/size/checksum")
                 break

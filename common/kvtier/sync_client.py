@@ -36,8 +36,8 @@ from common.protocol import (
     TierStored,
 )
 from common.transport import new_id
-from common.kvtier.transfer import InlineTransfer, checksum
-from common.kvtier.client import TierClientConfig
+from common.kvtier.transfer import InlineTransfer, block_ok
+from common.kvtier.client import TierClientConfig, next_page
 
 log = structlog.get_logger(__name__)
 
@@ -93,18 +93,14 @@ class SyncTierClient:
         deadline = time.monotonic() + timeout_s
         try:
             while len(out) < len(block_hashes):
-                rest = tuple(block_hashes[len(out):])
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise TransportTimeout("fetch deadline")
+                rest, remaining_s = next_page(block_hashes, len(out), deadline, "fetch")
                 reply = self._request_main(TierLookup(request_id=new_id("tf"), block_hashes=rest,
                                                       max_blocks=max_blocks), remaining_s)
                 if not isinstance(reply, TierBlocks):
                     break
                 good = 0
                 for expected, block in zip(rest, reply.blocks):
-                    if (block.block_hash != expected or block.size != block_bytes or len(block.data) != block_bytes
-                            or checksum(block.data) != block.checksum):
+                    if not block_ok(block, expected, block_bytes):
                         self.num_bad_blocks += 1
                         log.warning("tier_block_rejected", block_hash=block.block_hash, size=len(block.data),
                                     expected_size=block_bytes)
@@ -136,9 +132,7 @@ class SyncTierClient:
             return [], "", False
         out: list[TierBlock] = []
         for expected, block in zip(block_hashes, reply.blocks):
-            inline_ok = (block.slot >= 0 and not block.data) or (
-                len(block.data) == block_bytes and checksum(block.data) == block.checksum)
-            if block.block_hash != expected or block.size != block_bytes or not inline_ok:
+            if not block_ok(block, expected, block_bytes, slot_ok=True):
                 self.num_bad_blocks += 1
                 log.warning("tier_block_rejected", block_hash=block.block_hash, size=block.size)
                 break

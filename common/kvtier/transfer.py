@@ -26,6 +26,20 @@ def checksum(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def intact(block: TierBlock) -> bool:
+    """Its inline bytes are its declared size and checksum."""
+    return len(block.data) == block.size and checksum(block.data) == block.checksum
+
+
+def block_ok(block: TierBlock, expected_hash: int, block_bytes: int | None = None, slot_ok: bool = False) -> bool:
+    """A block kvtier sent back is the one asked for: its hash, its size (``block_bytes``, when given) and its
+    inline bytes intact; with ``slot_ok`` a block that names a pool slot instead of carrying bytes passes (its
+    checksum is verified after the NIXL READ)."""
+    if block.block_hash != expected_hash or (block_bytes is not None and block.size != block_bytes):
+        return False
+    return (slot_ok and block.slot >= 0 and not block.data) or intact(block)
+
+
 class InlineTransfer:
     """Bytes in the message; the only data path kvtier has today."""
 
@@ -34,10 +48,7 @@ class InlineTransfer:
     @staticmethod
     def incoming(block: TierBlock) -> bytes | None:
         """The block's bytes if they match its declared size and checksum, else None (refuse it)."""
-        data = block.data
-        if len(data) != block.size or checksum(data) != block.checksum:
-            return None
-        return data
+        return block.data if intact(block) else None
 
     @staticmethod
     def outgoing(block_hash: int, checksum_: int, tier: str, data: bytes) -> TierBlock:

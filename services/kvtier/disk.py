@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import structlog
 
-from common.nixl import NixlHandle
+from common.nixl import NixlHandle, run_xfer
 from services.kvtier.pool import HostPool
 
 log = structlog.get_logger(__name__)
@@ -91,33 +91,21 @@ class DiskTier:
     def write_from_host(self, host_slot: int, disk_slot: int, size: int) -> None:
         """Copy a host-pool slot's first ``size`` bytes to a disk slot."""
         self._check(disk_slot, size)
-        if self.io_mode == "nixl":
-            try:
-                self._nixl_xfer("WRITE", self.pool.addr(host_slot), disk_slot, size)
-                return
-            except Exception as exc:
-                self._degrade(exc)
+        if self.io_mode == "nixl" and self._nixl_xfer("WRITE", host_slot, disk_slot, size):
+            return
         os.pwrite(self._fd, self.pool.view(host_slot, size), disk_slot * self.block_bytes)
 
     def read(self, disk_slot: int, size: int) -> bytes:
         self._check(disk_slot, size)
-        if self.io_mode == "nixl":
-            try:
-                self._nixl_xfer("READ", int(self._staging.ctypes.data), disk_slot, size)
-                return self._staging[:size].tobytes()
-            except Exception as exc:
-                self._degrade(exc)
+        if self.io_mode == "nixl" and self._nixl_xfer("READ", None, disk_slot, size):
+            return self._staging[:size].tobytes()
         return os.pread(self._fd, size, disk_slot * self.block_bytes)
 
     def read_into(self, disk_slot: int, host_slot: int, size: int) -> None:
         """Copy a disk slot's first ``size`` bytes into a host-pool slot (no Python bytes in between)."""
         self._check(disk_slot, size)
-        if self.io_mode == "nixl":
-            try:
-                self._nixl_xfer("READ", self.pool.addr(host_slot), disk_slot, size)
-                return
-            except Exception as exc:
-                self._degrade(exc)
+        if self.io_mode == "nixl" and self._nixl_xfer("READ", host_slot, disk_slot, size):
+            return
         dest = self.pool.view(host_slot, size)
         if os.preadv(self._fd, [dest], disk_slot * self.block_bytes) != size:
             raise OSError(f"short read of disk slot {disk_slot}")
@@ -135,25 +123,21 @@ class DiskTier:
 
     # ---------------------------------------------------------------------------------------- internals
 
-    def _nixl_xfer(self, op: str, dram_addr: int, disk_slot: int, size: int) -> None:
-        import time
-
-        assert self._nixl is not None
-        agent = self._nixl.agent
-        local = agent.get_xfer_descs([(dram_addr, size, 0)], "DRAM")  # type: ignore[attr-defined]
-        remote = agent.get_xfer_descs([(disk_slot * self.block_bytes, size, self._fd)], "FILE")  # type: ignore[attr-defined]
-        handle = agent.initialize_xfer(op, local, remote, self._nixl.name, b"", backends=["POSIX"])  # type: ignore[attr-defined]
+    def _nixl_xfer(self, op: str, host_slot: int | None, disk_slot: int, size: int) -> bool:
+        """Move the bytes between a host slot (None: the staging buffer) and a disk slot with NIXL POSIX;
+        False (and os I/O from now on) when NIXL fails."""
         try:
-            state = agent.transfer(handle)  # type: ignore[attr-defined]
-            deadline = time.monotonic() + self._xfer_timeout_s
-            while state not in ("DONE", "ERR"):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"NIXL POSIX {op} of slot {disk_slot} timed out")
-                state = agent.check_xfer_state(handle)  # type: ignore[attr-defined]
-            if state == "ERR":
-                raise OSError(f"NIXL POSIX {op} of slot {disk_slot} failed")
-        finally:
-            agent.release_xfer_handle(handle)  # type: ignore[attr-defined]
+            assert self._nixl is not None
+            agent: Any = self._nixl.agent
+            dram_addr = int(self._staging.ctypes.data) if host_slot is None else self.pool.addr(host_slot)
+            local = agent.get_xfer_descs([(dram_addr, size, 0)], "DRAM")
+            remote = agent.get_xfer_descs([(disk_slot * self.block_bytes, size, self._fd)], "FILE")
+            handle = agent.initialize_xfer(op, local, remote, self._nixl.name, b"", backends=["POSIX"])
+            run_xfer(agent, handle, self._xfer_timeout_s, f"POSIX {op} of slot {disk_slot}")
+        except Exception as exc:
+            self._degrade(exc)
+            return False
+        return True
 
     def _degrade(self, exc: Exception) -> None:
         log.warning("nixl_posix_failed", error=repr(exc), fallback="os.pread/pwrite")

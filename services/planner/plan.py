@@ -1,7 +1,10 @@
 """Size prefill/decode pools from a profile: pure functions, seconds inside, milliseconds in results.
 
+This module searches both modes and decides; its collaborators: ``workload`` (what is asked), ``queueing``
+(M/G/1), ``capacity`` (one worker's formulas below), ``results`` (the named results), ``display``.
+
 The engine's costs come from a ``TimingModel`` (the mock's model, fitted to a real profile by
-``services.planner.profile``): ``P(n)`` = seconds to prefill ``n`` prompt tokens in one step, ``D(b)`` =
+``common.profile``): ``P(n)`` = seconds to prefill ``n`` prompt tokens in one step, ``D(b)`` =
 seconds of one decode step of ``b`` sequences at the workload's mean context ``ctx = E[ISL] + E[OSL]/2``
 (``timing.decode_s(b, b * ctx)``). A live planner can call the same functions with measured rates.
 
@@ -47,307 +50,20 @@ conservative sizing).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
 
 from common.timing import TimingModel
-
-_EPS = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    isl: tuple[int, ...]  # equally weighted samples (one value: fixed ISL)
-    osl: tuple[int, ...]
-    rate: float | None = None  # requests/s (open loop)
-    concurrency: int | None = None  # clients (closed loop)
-
-    @classmethod
-    def of(cls, isl: int | Sequence[int], osl: int | Sequence[int], rate: float | None = None,
-           concurrency: int | None = None) -> Workload:
-        isl_t = (int(isl),) if isinstance(isl, int) else tuple(int(x) for x in isl)
-        osl_t = (int(osl),) if isinstance(osl, int) else tuple(int(x) for x in osl)
-        if not isl_t or not osl_t or min(isl_t) < 1 or min(osl_t) < 1:
-            raise ValueError("ISL and OSL need at least one sample, each >= 1")
-        if (rate is None) == (concurrency is None):
-            raise ValueError("give exactly one of rate and concurrency")
-        if rate is not None and rate <= 0 or concurrency is not None and concurrency < 1:
-            raise ValueError("rate must be > 0 and concurrency >= 1")
-        return cls(isl_t, osl_t, rate, concurrency)
-
-    @property
-    def isl_mean(self) -> float:
-        return sum(self.isl) / len(self.isl)
-
-    @property
-    def osl_mean(self) -> float:
-        return sum(self.osl) / len(self.osl)
-
-    @property
-    def context_mean(self) -> float:
-        """Mean tokens of KV a decoding sequence attends to."""
-        return self.isl_mean + self.osl_mean / 2
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    ttft_ms: float
-    itl_ms: float
-
-    @classmethod
-    def parse(cls, text: str) -> Slo:
-        """``ttft_ms=500,itl_ms=50``."""
-        values: dict[str, float] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("ttft_ms", "itl_ms"):
-                raise ValueError(f"SLO part {part!r}: expected ttft_ms=.. or itl_ms=..")
-            values[key.strip()] = float(value)
-        if set(values) != {"ttft_ms", "itl_ms"}:
-            raise ValueError(f"SLO {text!r} needs both ttft_ms and itl_ms")
-        return cls(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    max_batch: int = 64  # decode sequences per worker (max_num_seqs, or the profile's largest batch)
-    chunk_tokens: int = 2048  # max_num_batched_tokens: the prefill chunk of an aggregated worker
-    kv_bytes_per_token: int = 0  # for the reported transfer time (0: not reported)
-    transfer_bytes_per_s: float = 3.4e9  # docs/architecture.md#nixl-facts scattered NIXL read
-    transfer_latency_s: float = 0.0005
-    max_workers: int = 100_000
-
-
-# ------------------------------------------------------------------------------------------ formulas
-
-
-def mg1_wait_s(arrival_rate: float, mean_s: float, second_moment_s2: float) -> float:
-    """Pollaczek-Khinchine mean wait of an M/G/1 queue; inf when saturated."""
-    if arrival_rate <= 0:
-        return 0.0
-    rho = arrival_rate * mean_s
-    if rho >= 1:
-        return math.inf
-    return arrival_rate * second_moment_s2 / (2 * (1 - rho))
-
-
-def mg1_max_rate(mean_s: float, second_moment_s2: float, max_wait_s: float) -> float:
-    """Largest arrival rate whose M/G/1 mean wait is <= ``max_wait_s`` (0 when none is)."""
-    if max_wait_s < 0 or mean_s <= 0 and second_moment_s2 <= 0:
-        return 0.0 if max_wait_s < 0 else math.inf
-    return 2 * max_wait_s / (second_moment_s2 + 2 * max_wait_s * mean_s)
-
-
-def mg1_wait_quantile_s(arrival_rate: float, mean_s: float, second_moment_s2: float, q: float) -> float:
-    """Approximate ``q``-quantile of the M/G/1 wait (the live planner's SLOs are p90s, not means).
-
-    A request waits at all with probability ``rho``; the wait of those that do is taken as exponential with
-    mean ``Wq / rho`` (Kingman's heavy-traffic tail). So the quantile is 0 while ``rho <= 1 - q``, else
-    ``(Wq / rho) * ln(rho / (1 - q))``; inf when saturated.
-    """
-    rho = arrival_rate * mean_s
-    if rho >= 1:
-        return math.inf
-    if rho <= 1 - q:
-        return 0.0
-    return mg1_wait_s(arrival_rate, mean_s, second_moment_s2) / rho * math.log(rho / (1 - q))
-
-
-def ceil_div(x: float, y: float) -> int:
-    """ceil(x / y), forgiving float noise (4.0000000001 -> 4)."""
-    return max(0, math.ceil(x / y - _EPS))
-
-
-def decode_step_s(timing: TimingModel, batch: float, context: float) -> float:
-    """``D(b)``: one decode step of ``batch`` sequences of ``context`` tokens (a batch below 1 counts as 1)."""
-    b = max(batch, 1.0)
-    return timing.decode_s(b, b * context)  # type: ignore[arg-type]
-
-
-def max_batch_within(timing: TimingModel, context: float, itl_s: float, max_batch: int) -> int:
-    """``b*``: the largest batch in [1, max_batch] whose step meets ``itl_s``; 0 when batch 1 does not."""
-    best = 0
-    for b in range(1, max_batch + 1):
-        if decode_step_s(timing, b, context) <= itl_s + _EPS * itl_s:
-            best = b
-        else:
-            break
-    return best
-
-
-def steady_batch(timing: TimingModel, context: float, rate_per_worker: float, osl: float,
-                 stall: float = 0.0, limit: float = 1e7) -> float:
-    """Mean decode batch ``b = rate * osl * D(b) / (1 - stall)`` (least fixed point); inf if none."""
-    if stall >= 1:
-        return math.inf
-    b = 0.0
-    for _ in range(100_000):
-        nxt = rate_per_worker * osl * decode_step_s(timing, b, context) / (1 - stall)
-        if nxt > limit:
-            return math.inf
-        if abs(nxt - b) <= 1e-13 * max(1.0, nxt):
-            return nxt
-        b = nxt
-    return math.inf
-
-
-def prefill_moments(timing: TimingModel, isl: Sequence[int]) -> tuple[float, float]:
-    """E[P(ISL)] and E[P(ISL)^2] over equally weighted samples (0, 0 for none)."""
-    if not isl:
-        return 0.0, 0.0
-    times = [timing.prefill_s(n) for n in isl]
-    return sum(times) / len(times), sum(t * t for t in times) / len(times)
-
-
-def local_prefill_threshold(timing: TimingModel, itl_s: float, step_s: float, max_tokens: int) -> int:
-    """Largest ``n <= max_tokens`` with ``step_s + P(n) <= itl_s`` (P increasing); 0 if none."""
-    slack = itl_s - step_s
-    if slack <= 0:
-        return 0
-    lo, hi = 0, max_tokens
-    if timing.prefill_s(hi) <= slack:
-        return hi
-    while hi - lo > 1:  # P(lo) <= slack < P(hi)
-        mid = (lo + hi) // 2
-        if timing.prefill_s(mid) <= slack:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def smallest_workers(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """The smallest n in [lo, hi] with ok(n), for ok monotone in n (doubling, then bisection)."""
-    lo = max(lo, 1)
-    if lo > hi:
-        return None
-    if ok(lo):
-        return lo
-    step = 1
-    bad = lo
-    while True:
-        cand = min(lo + step, hi)
-        if ok(cand):
-            good = cand
-            break
-        bad = cand
-        if cand == hi:
-            return None
-        step *= 2
-    while good - bad > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
-def request_rate(timing: TimingModel, workload: Workload, slo: Slo, options: PlanOptions) -> float:
-    """Arrival rate: given, or a closed loop's ``N / (E[S] + E[OSL] * D(min(N, b*)))``."""
-    if workload.rate is not None:
-        return workload.rate
-    assert workload.concurrency is not None
-    ctx = workload.context_mean
-    b_star = max(1, max_batch_within(timing, ctx, slo.itl_ms / 1e3, options.max_batch))
-    batch = min(workload.concurrency, b_star)
-    mean_s, _ = prefill_moments(timing, workload.isl)
-    return workload.concurrency / (mean_s + workload.osl_mean * decode_step_s(timing, batch, ctx))
-
-
-# ------------------------------------------------------------------------------------------- results
-
-
-def _ms(seconds: float) -> float | None:
-    return None if math.isinf(seconds) or math.isnan(seconds) else seconds * 1e3
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillPool:
-    workers: int
-    remote_fraction: float  # share of requests prefilled here (ISL > threshold)
-    prefill_ms: float  # E[P(ISL)] over the remote requests
-    wait_ms: float | None  # M/G/1 mean queueing
-    ttft_ms: float | None
-    utilization: float
-    max_rate_per_worker: float | None  # requests/s one worker takes within the TTFT SLO
-    max_tokens_per_s_per_worker: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class DecodePool:
-    workers: int
-    max_batch_within_itl: int  # b*
-    step_ms_at_max_batch: float | None
-    concurrency: float  # lam * E[OSL] * D(b*)
-    batch: float | None  # predicted mean per-worker batch
-    itl_ms: float | None
-    local_prefill_utilization: float
-    local_ttft_ms: float | None  # requests prefilled on the decode worker
-    max_rate_per_worker: float | None  # b* / (E[OSL] * D(b*))
-
-
-@dataclass(frozen=True, slots=True)
-class DisaggPlan:
-    feasible: bool
-    infeasible_reason: str | None  # prefill_exceeds_ttft | decode_step_exceeds_itl | worker_limit
-    local_prefill_max_tokens: int
-    prefill: PrefillPool | None
-    decode: DecodePool | None
-    total_workers: int | None
-    ttft_ms: float | None  # the worse of remote and local requests
-    itl_ms: float | None
-    kv_transfer_ms: float | None
-    goodput_rps_per_worker: float | None
-    output_tokens_per_s_per_worker: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class AggPlan:
-    feasible: bool
-    infeasible_reason: str | None  # prefill_exceeds_ttft | decode_step_exceeds_itl | worker_limit
-    workers: int | None
-    # The SLOs one worker fewer would break ("capacity": prefill saturated or batch over max_batch).
-    bound_by: tuple[str, ...]
-    ttft_ms: float | None
-    itl_ms: float | None
-    itl_max_ms: float | None  # a step carrying a full prefill chunk
-    batch: float | None
-    prefill_utilization: float | None
-    goodput_rps_per_worker: float | None
-    output_tokens_per_s_per_worker: float | None
-
-
-Mode = Literal["aggregated", "disaggregated", "infeasible"]
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    mode: Mode
-    # Codes: prefill_light, fewer_workers, equal_workers, tight_ttft_loose_itl, tight_itl,
-    # aggregated_infeasible, disaggregated_infeasible, both_infeasible.
-    reasons: tuple[str, ...]
-    workers_disaggregated: int | None
-    workers_aggregated: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    rate: float
-    isl_mean: float
-    osl_mean: float
-    context_mean: float
-    slo: Slo
-    disaggregated: DisaggPlan
-    aggregated: AggPlan
-    decision: Decision
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ----------------------------------------------------------------------------------------- planners
+from services.planner.capacity import (
+    decode_step_s,
+    local_prefill_threshold,
+    max_batch_within,
+    prefill_moments,
+    request_rate,
+    steady_batch,
+)
+from services.planner.queueing import EPS, ceil_div, mg1_max_rate, mg1_wait_quantile_s, mg1_wait_s, smallest_workers
+from services.planner.results import AggPlan, Decision, DecodePool, DisaggPlan, Plan, PrefillPool, to_ms
+from services.planner.workload import PlanOptions, Slo, Workload
 
 
 def plan_disaggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: float,
@@ -388,7 +104,7 @@ def plan_disaggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: 
 
     def decode_ok(n: int) -> bool:
         b, itl, _, ttft = decode_at(n)
-        return b <= options.max_batch and itl <= itl_s * (1 + _EPS) and ttft <= ttft_s * (1 + _EPS)
+        return b <= options.max_batch and itl <= itl_s * (1 + EPS) and ttft <= ttft_s * (1 + EPS)
 
     n_d = smallest_workers(decode_ok, n_lower, options.max_workers)
     if n_d is None:
@@ -405,14 +121,15 @@ def plan_disaggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: 
         return infeasible("worker_limit", threshold)
     wait = mg1_wait_s(rate_remote / n_p, mean_s, second_s2) if n_p else 0.0
     prefill = PrefillPool(
-        workers=n_p, remote_fraction=f, prefill_ms=mean_s * 1e3, wait_ms=_ms(wait),
-        ttft_ms=_ms(mean_s + wait) if remote else None,
+        workers=n_p, remote_fraction=f, prefill_ms=mean_s * 1e3, wait_ms=to_ms(wait),
+        ttft_ms=to_ms(mean_s + wait) if remote else None,
         utilization=rate_remote / n_p * mean_s if n_p else 0.0,
         max_rate_per_worker=lam_max if remote else None,
         max_tokens_per_s_per_worker=lam_max * sum(remote) / len(remote) if remote else None)
     decode = DecodePool(
         workers=n_d, max_batch_within_itl=b_star, step_ms_at_max_batch=step_star * 1e3, concurrency=concurrency,
-        batch=b, itl_ms=_ms(itl), local_prefill_utilization=rho_local, local_ttft_ms=_ms(local_ttft) if local else None,
+        batch=b, itl_ms=to_ms(itl), local_prefill_utilization=rho_local,
+        local_ttft_ms=to_ms(local_ttft) if local else None,
         max_rate_per_worker=b_star / (osl * step_star))
     total = n_p + n_d
     ttft = max(mean_s + wait if remote else 0.0, local_ttft)
@@ -420,7 +137,7 @@ def plan_disaggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: 
     if options.kv_bytes_per_token and remote:
         transfer = (options.transfer_latency_s
                     + options.kv_bytes_per_token * sum(remote) / len(remote) / options.transfer_bytes_per_s) * 1e3
-    return DisaggPlan(True, None, threshold, prefill, decode, total, _ms(ttft), _ms(itl), transfer,
+    return DisaggPlan(True, None, threshold, prefill, decode, total, to_ms(ttft), to_ms(itl), transfer,
                       rate / total, rate * osl / total)
 
 
@@ -460,9 +177,9 @@ def plan_aggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: flo
         out = []
         if rho >= 1 or b > options.max_batch:
             out.append("capacity")
-        if ttft > ttft_s * (1 + _EPS):
+        if ttft > ttft_s * (1 + EPS):
             out.append("ttft")
-        if itl > itl_s * (1 + _EPS):
+        if itl > itl_s * (1 + EPS):
             out.append("itl")
         return tuple(out)
 
@@ -470,7 +187,7 @@ def plan_aggregated(timing: TimingModel, workload: Workload, slo: Slo, rate: flo
     if n is None:
         return infeasible("worker_limit")
     ttft, itl, itl_max, b, rho = _agg_at(timing, workload, rate, n, mean_s, second_s2, chunks, options)
-    return AggPlan(True, None, n, broken(n - 1) if n > 1 else (), _ms(ttft), _ms(itl), _ms(itl_max), b, rho,
+    return AggPlan(True, None, n, broken(n - 1) if n > 1 else (), to_ms(ttft), to_ms(itl), to_ms(itl_max), b, rho,
                    rate / n, rate * workload.osl_mean / n)
 
 
@@ -519,56 +236,3 @@ def prefill_workers_for_quantile(timing: TimingModel, isl: Sequence[int], rate: 
         return None
     return smallest_workers(lambda n: p_q + mg1_wait_quantile_s(rate / n, mean_s, second_s2, q) <= ttft_s,
                             1, max_workers)
-
-
-def options_from_profile(doc: Mapping[str, Any], **overrides: Any) -> PlanOptions:
-    """PlanOptions from a profile's conditions: largest measured batch, chunk size, KV bytes per token."""
-    cond = doc.get("conditions", {})
-    batches = [int(d["batch"]) for d in doc.get("decode", [])]
-    kwargs: dict[str, Any] = {}
-    if batches:
-        kwargs["max_batch"] = max(batches)
-    if cond.get("kv_bytes_per_token"):
-        kwargs["kv_bytes_per_token"] = int(cond["kv_bytes_per_token"])
-    kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    return PlanOptions(**kwargs)
-
-
-# ------------------------------------------------------------------------------------------- display
-
-
-def format_plan(p: Plan) -> str:
-    def f(x: float | None, fmt: str = ".1f") -> str:
-        return "-" if x is None else format(x, fmt)
-
-    d, a, dec = p.disaggregated, p.aggregated, p.decision
-    lines = [f"workload: rate {p.rate:.3g} req/s, ISL {p.isl_mean:.0f}, OSL {p.osl_mean:.0f}, "
-             f"mean context {p.context_mean:.0f}; SLO TTFT {p.slo.ttft_ms:g} ms, ITL {p.slo.itl_ms:g} ms", ""]
-    rows = [("", "disaggregated", "aggregated")]
-    if d.feasible and d.prefill and d.decode:
-        dw = f"{d.prefill.workers}P + {d.decode.workers}D = {d.total_workers}"
-    else:
-        dw = f"infeasible ({d.infeasible_reason})"
-    aw = f"{a.workers}" if a.feasible else f"infeasible ({a.infeasible_reason})"
-    rows.append(("workers", dw, aw))
-    rows.append(("TTFT ms", f(d.ttft_ms), f(a.ttft_ms)))
-    rows.append(("ITL ms", f(d.itl_ms), f(a.itl_ms) + (f" (max {f(a.itl_max_ms)})" if a.feasible else "")))
-    rows.append(("decode batch/worker", f(d.decode.batch if d.decode else None, ".2f"), f(a.batch, ".2f")))
-    rows.append(("goodput req/s/worker", f(d.goodput_rps_per_worker, ".3g"), f(a.goodput_rps_per_worker, ".3g")))
-    rows.append(("output tok/s/worker", f(d.output_tokens_per_s_per_worker, ".4g"),
-                 f(a.output_tokens_per_s_per_worker, ".4g")))
-    if d.prefill:
-        rows.append(("prefill util / cap", f"{d.prefill.utilization:.2f} / "
-                     f"{f(d.prefill.max_rate_per_worker, '.3g')} req/s", f(a.prefill_utilization, ".2f")))
-    if d.decode:
-        rows.append(("decode b* / step ms", f"{d.decode.max_batch_within_itl} / {f(d.decode.step_ms_at_max_batch)}",
-                     ""))
-    rows.append(("local prefill <= tokens", str(d.local_prefill_max_tokens), "all"))
-    if d.kv_transfer_ms is not None:
-        rows.append(("KV transfer ms", f(d.kv_transfer_ms, ".2f"), ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines += ["", f"recommendation: {dec.mode} ({', '.join(dec.reasons)})"]
-    if a.feasible and a.bound_by:
-        lines.append(f"aggregated is bound by: {', '.join(a.bound_by)}")
-    return "\n".join(lines)

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from common.protocol import Role
-from services.planner.plan import Slo
+from services.planner.defaults import MAX_DECODE, MAX_PREFILL, MAX_WORKERS
+from services.planner.workload import Slo
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +63,10 @@ class ModelTarget:
 class PlannerConfig:
     slo: Slo
     min_prefill: int = 1
-    max_prefill: int = 4
+    max_prefill: int = MAX_PREFILL
     min_decode: int = 1
-    max_decode: int = 4
-    max_workers: int = 8  # prefill + decode, e.g. the machine's cores or GPUs
+    max_decode: int = MAX_DECODE
+    max_workers: int = MAX_WORKERS  # prefill + decode, e.g. the machine's cores or GPUs
     # A p90 past this share of its SLO is "near" (scale up); below low_water it is "quiet".
     high_water: float = 0.9
     low_water: float = 0.5

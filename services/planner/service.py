@@ -26,9 +26,11 @@ import zmq
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
 from common.transport import Client, TransportConfig, new_id, open_context
+from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
-from services.planner.plan import PlanOptions, Workload, plan_disaggregated, prefill_workers_for_quantile
+from services.planner.plan import plan_disaggregated, prefill_workers_for_quantile
 from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
+from services.planner.workload import PlanOptions, Workload
 from common.timing import TimingModel
 
 log = structlog.get_logger(__name__)
@@ -40,8 +42,8 @@ class PlannerServiceConfig:
     metrics_urls: tuple[str, ...]  # frontends' /metrics
     policy: PlannerConfig
     events_endpoint: str = "tcp://127.0.0.1:0"  # PUB, bound here
-    interval_s: float = 5.0  # between decisions
-    window_s: float = 30.0  # each decision reads the last this-many seconds of metrics
+    interval_s: float = INTERVAL_S  # between decisions
+    window_s: float = WINDOW_S  # each decision reads the last this-many seconds of metrics
     pending_timeout_s: float = 120.0
     # Profile-based targets (None: reactive only).
     timing: TimingModel | None = None

@@ -14,6 +14,7 @@ from typing import Literal
 
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
+from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 from services.router.index import TierOverlap
 
 PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
@@ -46,7 +47,7 @@ class PolicyConfig:
     # 0: always the lowest cost. Above 0: sample softmax(-normalised cost / temperature).
     temperature: float = 0.0
     # Uncached prompt tokens at or below which the decode worker prefills locally.
-    local_prefill_max_tokens: int = 256
+    local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     # The prefill pool is saturated when every prefill worker has at least this many requests waiting.
     prefill_queue_limit: int = 8
 

@@ -36,6 +36,7 @@ from common.protocol import (
 from common.security import secure_server
 from common.transport import Server, TransportConfig, new_id, open_context, oversized, serve_requests
 from services.router.approx_index import ApproxIndex
+from services.router.defaults import ROUTER_ENDPOINT
 from services.router.event_watch import EventWatch
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
@@ -47,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class RouterConfig:
-    endpoint: str = "tcp://127.0.0.1:5550"
+    endpoint: str = ROUTER_ENDPOINT
     # SUB socket workers publish KV events to; port 0 picks a free one.
     events_endpoint: str = "tcp://127.0.0.1:0"
     # What workers are told to connect to, when the bind address is not reachable as is (0.0.0.0 in a container).

@@ -45,3 +45,9 @@ def test_free_ports_avoid_the_ephemeral_range_and_repeats() -> None:
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert all(10_000 <= p < lo for p in ports)
+
+
+def test_launcher_passes_the_mock_profile(tmp_path: Path) -> None:
+    cmds = worker_commands(GraphSpec(engine="mock", mock_profile=tmp_path / "p.json"), tmp_path, "tcp://x:1")
+    assert all(cmd[cmd.index("--mock-profile") + 1] == str(tmp_path / "p.json") for cmd in cmds)
+    assert "--mock-profile" not in worker_commands(GraphSpec(engine="mock"), tmp_path, "tcp://x:1")[0]

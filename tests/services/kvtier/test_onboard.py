@@ -10,7 +10,8 @@ import pytest
 from common.protocol import SamplingParams
 from services.kvtier.service import KvTierConfig, KvTierService
 from services.worker.engine import EngineRequest
-from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
+from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.engine import MockEngine
 from common.timing import TimingModel
 from common.kvtier.client import FetchedBlock, TierClient, TierClientConfig
 

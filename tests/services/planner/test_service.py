@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.planner.plan import Slo
+from services.planner.workload import Slo
 from services.planner.policy import Observation, PlannerConfig, PoolDecision
 from services.planner.service import Pending, PlannerService, PlannerServiceConfig, hold_pending, model_target
 from common.timing import TimingModel

@@ -2,95 +2,37 @@
 
 One asyncio task steps the scheduler: plan, sleep the timing model's step time, pick each sampling
 sequence's next token, update, and push one output per request to its queue. Token ids are a pure function
-of the sequence so far and the request's seed, so a disaggregated run (prefill worker makes token 1, decode
+of the sequence so far and the request's seed (``tokens``), so a disaggregated run (prefill worker makes token 1, decode
 worker continues from prompt + token 1) yields the same tokens as an aggregated one.
 
 ``max_tokens`` counts the tokens this engine emits for the request. A ``kv_transfer`` request's token_ids
 already end with the prefill worker's token, so the caller passes the remaining budget.
+
+Collaborators beside it: ``config``, ``admission`` (request checks), ``tokens``, ``tier`` (a shared KV tier),
+``block_manager`` and ``scheduler``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import struct
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import structlog
-import xxhash
 
 from common.errors import EngineError
-from common.hashing import block_hashes
 from common.protocol import KvTransferParams, WorkerLoad
-from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
-from services.worker.engine import BlocksRemoved, BlocksStored, KvEvent
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
 from services.worker.engines.mock.block_manager import BlockManager
-from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, SeqSpec, StepPlan
-from services.worker.engines.mock.payload import fake_kv_checksum, fake_kv_payload
-from common.timing import TimingModel
+from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.admission import seq_spec
+from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
+from services.worker.engines.mock.tier import TierLink
+from services.worker.engines.mock.tokens import next_token_id
 from services.worker.transfer_log import TransferLog
 
-if TYPE_CHECKING:
-    from common.kvtier.client import TierBackend
-
 log = structlog.get_logger(__name__)
-
-# Tokens of context the next-token function looks at (with the position, so short cycles are rare).
-_CONTEXT_TOKENS = 8
-_MAX_TOKEN_ID = 2**32 - 1  # block hashes pack token ids as u32
-
-
-@dataclass(frozen=True, slots=True)
-class MockEngineConfig:
-    num_blocks: int = 1024
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 4096
-    vocab_size: int = 8192
-    eos_token_id: int = 0
-    # Seed of the block hashes (docs/architecture.md#contracts): model name, LoRA and cache salt mixed by the caller.
-    hash_seed: int = 0
-    timing: TimingModel = field(default_factory=TimingModel)
-    # KV bytes per token, for simulated transfer sizes: 12 layers * (K + V) * 768 hidden * 2 bytes (bf16).
-    kv_bytes_per_token: int = 36864
-    # Named in the KvTransferParams a prefill_only request returns.
-    engine_id: str = "mock"
-    # False: eos_token_id (and every id in other_eos_token_ids) is never generated, so only max_tokens or a
-    # user's stop id ends a request.
-    emit_eos: bool = False
-    # Models often have several end tokens (generation_config's eos_token_id list).
-    other_eos_token_ids: tuple[int, ...] = ()
-    # A shared KV tier (kvtier): evicted cached blocks are offloaded to it (with a deterministic stand-in
-    # payload of kv_bytes_per_token * block_size bytes), and a new prompt's continuation of the local
-    # prefix is onboarded from it (simulated transfer time) instead of recomputed. None: no tier.
-    tier: TierBackend | None = None
-    # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
-    tier_write_through: bool = False
-
-
-def next_token_id(token_ids: Sequence[int], seed: int | None, config: MockEngineConfig) -> int:
-    """The token that follows ``token_ids``: a hash of its tail and length, in [0, vocab_size)."""
-    tail = token_ids[-_CONTEXT_TOKENS:]
-    data = struct.pack(f"<{len(tail) + 1}Q", len(token_ids), *tail)
-    digest = xxhash.xxh3_64_intdigest(data, seed or 0)
-    if config.emit_eos:
-        return digest % config.vocab_size
-    excluded = _excluded_ids(config.eos_token_id, config.other_eos_token_ids, config.vocab_size)
-    token_id = digest % (config.vocab_size - len(excluded))
-    for eos in excluded:  # ascending: shift past each excluded id at or below the candidate
-        if token_id >= eos:
-            token_id += 1
-    return token_id
-
-
-@lru_cache(maxsize=8)
-def _excluded_ids(eos: int, others: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
-    return tuple(sorted({t for t in (eos, *others) if 0 <= t < vocab_size}))
-
 
 @dataclass(slots=True)
 class _Live:
@@ -119,13 +61,12 @@ class MockEngine:
         self._closed = False
         self._num_prefix_hits = 0
         self._transfers = TransferLog()
-        self._tier = config.tier
-        self._block_bytes = config.kv_bytes_per_token * config.block_size
+        self._tier = None if config.tier is None else TierLink(
+            config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
         self._pending_events: list[KvEvent] = []
         self.num_onboards = 0
         self.num_onboarded_tokens = 0
-        self.num_onboard_rejected = 0
 
     # ------------------------------------------------------------------------------------------ Engine
 
@@ -137,10 +78,10 @@ class MockEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self._check_serving()
-        spec = self._validate(request)
+        spec = seq_spec(request, self.max_model_len, self._blocks)
         request_id = request.request_id
         if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
-            num_onboard = await self._onboard_tokens(request.token_ids)
+            num_onboard = await self._tier.onboard_tokens(request.token_ids)
             if num_onboard:
                 spec = dataclasses.replace(spec, num_onboard_tokens=num_onboard)
         if request_id in self._live:
@@ -215,6 +156,11 @@ class MockEngine:
         """Hashes of every cached block now; events drained after this call apply on top."""
         return self._blocks.cached_hashes()
 
+    @property
+    def num_onboard_rejected(self) -> int:
+        """Tier blocks refused on onboarding (not exactly their prefix's KV)."""
+        return 0 if self._tier is None else self._tier.num_onboard_rejected
+
     # ------------------------------------------------------------------------------------------ request
 
     def _check_serving(self) -> None:
@@ -222,40 +168,6 @@ class MockEngine:
             raise EngineError(f"mock engine failed: {self._failure}") from self._failure
         if self._closed or self._task is None:
             raise EngineError("mock engine is not running (call start first)")
-
-    def _validate(self, request: EngineRequest) -> SeqSpec:
-        token_ids = request.token_ids
-        sampling = request.sampling
-        if not token_ids:
-            raise EngineError(f"request {request.request_id!r} has an empty prompt")
-        if any(not 0 <= token_id <= _MAX_TOKEN_ID for token_id in token_ids):
-            raise EngineError(f"request {request.request_id!r} has token ids outside u32")
-        if request.prefill_only and request.kv_transfer is not None:
-            raise EngineError(f"request {request.request_id!r} is both prefill_only and kv_transfer")
-        if request.kv_transfer is not None and len(token_ids) < 2:
-            raise EngineError(f"request {request.request_id!r}: kv_transfer needs prompt + first token")
-        max_tokens = 1 if request.prefill_only else sampling.max_tokens
-        if max_tokens < 1:
-            raise EngineError(f"request {request.request_id!r}: max_tokens must be >= 1")
-        num_total = len(token_ids) + max_tokens
-        if num_total > self.max_model_len:
-            raise EngineError(
-                f"request {request.request_id!r}: {len(token_ids)} prompt + {max_tokens} output tokens "
-                f"exceed max_model_len {self.max_model_len}"
-            )
-        # The last sampled token is never computed, so it needs no KV slot.
-        if self._blocks.blocks_for(num_total - 1) > self.num_blocks:
-            raise EngineError(
-                f"request {request.request_id!r} needs more than the {self.num_blocks} KV blocks of the pool"
-            )
-        return SeqSpec(
-            seq_id=request.request_id,
-            token_ids=tuple(token_ids),
-            max_tokens=max_tokens,
-            stop_token_ids=frozenset() if sampling.ignore_eos else frozenset(sampling.stop_token_ids),
-            prefill_only=request.prefill_only,
-            kv_transfer=request.kv_transfer is not None,
-        )
 
     def _drop(self, request_id: str) -> _Live | None:
         live = self._live.pop(request_id, None)
@@ -276,43 +188,8 @@ class MockEngine:
         if not events:
             return
         self._pending_events += events
-        if self._tier is None:
-            return
-        hashes: list[int] = []
-        for event in events:
-            if isinstance(event, BlocksRemoved) or (self.config.tier_write_through and isinstance(event, BlocksStored)):
-                hashes += event.block_hashes
-        if hashes:
-            self._tier.offload(hashes, self._payload)
-
-    def _payload(self, block_hash: int) -> bytes:
-        return fake_kv_payload(block_hash, self._block_bytes)
-
-    async def _onboard_tokens(self, token_ids: Sequence[int]) -> int:
-        """Tokens of the prompt's prefix whose KV is local or in the tier (0: the tier adds nothing).
-
-        Only blocks before the last token count (that one is always computed). Each fetched block must be
-        exactly the KV of its prefix (here: the stand-in payload of its hash); the first one that is not
-        ends the run, and the rest is recomputed.
-        """
-        assert self._tier is not None
-        block_size = self.block_size
-        hashes = block_hashes(token_ids[:-1], block_size, self.config.hash_seed)
-        num_local = self._blocks.match_prefix(token_ids[:-1]).num_cached_tokens // block_size
-        if num_local >= len(hashes):
-            return 0
-        fetched = await self._tier.lookup(hashes[num_local:])
-        num_good = 0
-        for block in fetched:
-            if (len(block.data) != self._block_bytes
-                    or xxhash.xxh3_64_intdigest(block.data) != fake_kv_checksum(block.block_hash, self._block_bytes)):
-                self.num_onboard_rejected += 1
-                log.warning("tier_block_mismatch", block_hash=block.block_hash)
-                break
-            num_good += 1
-        if not num_good:
-            return 0
-        return (num_local + num_good) * block_size
+        if self._tier is not None:
+            self._tier.offload(events)
 
     # --------------------------------------------------------------------------------------- step loop
 

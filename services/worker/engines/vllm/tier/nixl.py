@@ -19,7 +19,6 @@ NIXL per docs/architecture.md#nixl-facts: our own agent (made in vLLM's worker p
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 
 import structlog
@@ -27,7 +26,7 @@ import torch
 import xxhash
 
 from common.protocol import TierStats
-from common.nixl import NixlHandle, make_nixl_agent
+from common.nixl import NixlHandle, make_nixl_agent, run_xfer
 from services.worker.engines.vllm.tier.layout import KvLayout
 
 log = structlog.get_logger(__name__)
@@ -105,17 +104,7 @@ class NixlOnboarder:
         agent = self._nixl.agent
         handle = agent.make_prepped_xfer(  # type: ignore[attr-defined]
             "READ", self._local, local, self._remote, remote, b"")
-        try:
-            state = agent.transfer(handle)  # type: ignore[attr-defined]
-            deadline = time.monotonic() + self.xfer_timeout_s
-            while state not in ("DONE", "ERR"):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"NIXL READ of {len(slots)} tier blocks timed out")
-                state = agent.check_xfer_state(handle)  # type: ignore[attr-defined]
-            if state == "ERR":
-                raise OSError(f"NIXL READ of {len(slots)} tier blocks failed")
-        finally:
-            agent.release_xfer_handle(handle)  # type: ignore[attr-defined]
+        run_xfer(agent, handle, self.xfer_timeout_s, f"READ of {len(slots)} tier blocks")
 
     def checksum(self, block_id: int) -> int:
         """xxh3_64 of block ``block_id`` as packed (its slabs in packing order), read in place."""

@@ -13,7 +13,9 @@ from common.hashing import block_hashes
 from common.protocol import SamplingParams
 from services.worker.engine import Engine, EngineOutput, EngineRequest
 from services.worker.engines.mock.block_manager import BlocksStored
-from services.worker.engines.mock.engine import MockEngine, MockEngineConfig, next_token_id
+from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.engine import MockEngine
+from services.worker.engines.mock.tokens import next_token_id
 from common.timing import TimingModel
 
 FAST = TimingModel(speedup=math.inf)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from services.worker.engines.mock.engine import MockEngineConfig, next_token_id
+from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.tokens import next_token_id
 
 
 def test_never_emits_any_end_token_unless_asked() -> None:

@@ -1,0 +1,46 @@
+"""What the mock engine admits: a request checked against the model length and the KV pool, as the
+scheduler's ``SeqSpec`` (``EngineError`` when it can never run)."""
+
+from __future__ import annotations
+
+from common.errors import EngineError
+from services.worker.engine import EngineRequest
+from services.worker.engines.mock.block_manager import BlockManager
+from services.worker.engines.mock.scheduler import SeqSpec
+
+_MAX_TOKEN_ID = 2**32 - 1  # block hashes pack token ids as u32
+
+
+def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager) -> SeqSpec:
+    token_ids = request.token_ids
+    sampling = request.sampling
+    if not token_ids:
+        raise EngineError(f"request {request.request_id!r} has an empty prompt")
+    if any(not 0 <= token_id <= _MAX_TOKEN_ID for token_id in token_ids):
+        raise EngineError(f"request {request.request_id!r} has token ids outside u32")
+    if request.prefill_only and request.kv_transfer is not None:
+        raise EngineError(f"request {request.request_id!r} is both prefill_only and kv_transfer")
+    if request.kv_transfer is not None and len(token_ids) < 2:
+        raise EngineError(f"request {request.request_id!r}: kv_transfer needs prompt + first token")
+    max_tokens = 1 if request.prefill_only else sampling.max_tokens
+    if max_tokens < 1:
+        raise EngineError(f"request {request.request_id!r}: max_tokens must be >= 1")
+    num_total = len(token_ids) + max_tokens
+    if num_total > max_model_len:
+        raise EngineError(
+            f"request {request.request_id!r}: {len(token_ids)} prompt + {max_tokens} output tokens "
+            f"exceed max_model_len {max_model_len}"
+        )
+    # The last sampled token is never computed, so it needs no KV slot.
+    if blocks.blocks_for(num_total - 1) > blocks.num_blocks:
+        raise EngineError(
+            f"request {request.request_id!r} needs more than the {blocks.num_blocks} KV blocks of the pool"
+        )
+    return SeqSpec(
+        seq_id=request.request_id,
+        token_ids=tuple(token_ids),
+        max_tokens=max_tokens,
+        stop_token_ids=frozenset() if sampling.ignore_eos else frozenset(sampling.stop_token_ids),
+        prefill_only=request.prefill_only,
+        kv_transfer=request.kv_transfer is not None,
+    )

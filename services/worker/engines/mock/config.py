@@ -1,0 +1,40 @@
+"""The mock engine's configuration: pool, batch limits, vocabulary, simulated timing, KV tier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from common.timing import TimingModel
+
+if TYPE_CHECKING:
+    from common.kvtier.client import TierBackend
+
+
+@dataclass(frozen=True, slots=True)
+class MockEngineConfig:
+    num_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    vocab_size: int = 8192
+    eos_token_id: int = 0
+    # Seed of the block hashes (docs/architecture.md#contracts): model name, LoRA and cache salt mixed by the caller.
+    hash_seed: int = 0
+    timing: TimingModel = field(default_factory=TimingModel)
+    # KV bytes per token, for simulated transfer sizes: 12 layers * (K + V) * 768 hidden * 2 bytes (bf16).
+    kv_bytes_per_token: int = 36864
+    # Named in the KvTransferParams a prefill_only request returns.
+    engine_id: str = "mock"
+    # False: eos_token_id (and every id in other_eos_token_ids) is never generated, so only max_tokens or a
+    # user's stop id ends a request.
+    emit_eos: bool = False
+    # Models often have several end tokens (generation_config's eos_token_id list).
+    other_eos_token_ids: tuple[int, ...] = ()
+    # A shared KV tier (kvtier): evicted cached blocks are offloaded to it (with a deterministic stand-in
+    # payload of kv_bytes_per_token * block_size bytes), and a new prompt's continuation of the local
+    # prefix is onboarded from it (simulated transfer time) instead of recomputed. None: no tier.
+    tier: TierBackend | None = None
+    # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
+    tier_write_through: bool = False
