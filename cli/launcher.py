@@ -15,10 +15,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import structlog
 
+from cli.children import Child, ChildSet
 from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
     DEFAULT_MODEL_DIR,
     GraphSpec,
@@ -33,7 +34,7 @@ from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks im
     worker_roles,
 )
 from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
-from cli.ports import _ephemeral_range, free_port  # noqa: F401 (re-exported)
+from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
 
 log = structlog.get_logger(__name__)
@@ -48,18 +49,11 @@ def _child_setup(cores: frozenset[int]) -> None:
 
 
 
-@dataclass
-class Child:
-    service: str
-    cmd: list[str]
-    proc: subprocess.Popen[bytes]
-    started_s: float
-    role: str = ""  # workers: prefill | decode | both
-    worker_id: str = ""
-    draining: bool = False
-
-
 def launch(spec: GraphSpec) -> int:
+    if port_in_use(spec.host, spec.port):
+        # Another graph's, most likely: fail before touching anything of its own (its target list included).
+        log.error("port_in_use", host=spec.host, port=spec.port)
+        return 1
     model = spec.model or DEFAULT_MODEL_DIR
     if spec.model is None and not (model / "config.json").exists():
         from common.tiny_model import make_tiny_model
@@ -85,17 +79,18 @@ def launch(spec: GraphSpec) -> int:
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())
     if control_cores:
         log.info("control_plane_pinned", cores=sorted(control_cores))
-    children: list[Child] = []
+    sd_path = spec.metrics_sd_file or default_sd_path(spec.port)
+
+    def publish_targets(now: Sequence[Child]) -> None:
+        # Every process alive or starting, draining ones included (they serve until they exit).
+        targets = [t for t in (metrics_target(c.cmd) for c in now) if t is not None]
+        write_sd_file(sd_path, targets)
+        log.info("metrics_targets_written", path=str(sd_path), num_targets=len(targets))
+
+    children = ChildSet(on_change=publish_targets)
     restarts: list[float] = []
     stopping = False
     next_worker_index = len(workers)
-    sd_path = spec.metrics_sd_file or default_sd_path(spec.port)
-
-    def publish_targets() -> None:
-        # Every process alive or starting, draining ones included (they serve until they exit).
-        targets = [t for t in (metrics_target(c.cmd) for c in children) if t is not None]
-        write_sd_file(sd_path, targets)
-        log.info("metrics_targets_written", path=str(sd_path), num_targets=len(targets))
 
     def stop(*_: object) -> None:
         nonlocal stopping
@@ -123,10 +118,8 @@ def launch(spec: GraphSpec) -> int:
         for _ in range(actions.start):
             child = spawn(worker_command(spec, model, router, role, next_worker_index, kvtier))
             next_worker_index += 1
-            children.append(child)
+            children.add(child)
             log.info("worker_started", worker_id=child.worker_id, pid=child.proc.pid, target=target)
-        if actions.start:
-            publish_targets()
         for child in children:
             if child.worker_id in actions.drain:
                 child.draining = True
@@ -137,13 +130,13 @@ def launch(spec: GraphSpec) -> int:
     signal.signal(signal.SIGTERM, stop)
     events = ScaleEvents(planner_events) if planner_events else None
     try:
-        children.extend(spawn(cmd) for cmd in commands)
-        publish_targets()
+        for cmd in commands:
+            children.add(spawn(cmd))  # one at a time: a failed start still stops those already started
         url = f"http://{spec.host}:{spec.port}"
         ready = False
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
-            for i, child in enumerate(list(children)):
+            for child in children:
                 if child.proc.poll() is None:
                     continue
                 if child.draining or (child.role and child.proc.returncode == 0):
@@ -151,7 +144,6 @@ def launch(spec: GraphSpec) -> int:
                     log.info("worker_drained", worker_id=child.worker_id, returncode=child.proc.returncode)
                     _signal_group(child.proc, signal.SIGKILL)  # its engine processes, if any are left
                     children.remove(child)
-                    publish_targets()
                     continue
                 # Like systemd's Restart=on-failure: bring a crashed service back, unless it keeps crashing.
                 now = time.monotonic()
@@ -161,8 +153,8 @@ def launch(spec: GraphSpec) -> int:
                 if not ready or len(restarts) > spec.max_restarts_per_min:
                     return 1
                 _signal_group(child.proc, signal.SIGKILL)  # what the dead service left running (engine processes)
-                children[children.index(child)] = spawn(child.cmd)
-                publish_targets()  # same command, same metrics port: the target and its series carry on
+                # The same command, so the same metrics port: its scrape target and series carry on.
+                children.replace(child, spawn(child.cmd))
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
@@ -182,7 +174,7 @@ def launch(spec: GraphSpec) -> int:
     finally:
         if events is not None:
             events.close()
-        _stop_all([c.proc for c in children])
+        _stop_all(children.procs())
         sd_path.unlink(missing_ok=True)  # a stopped graph is no outage: Prometheus drops its targets
 
 

@@ -39,3 +39,18 @@ def _ephemeral_range() -> tuple[int, int]:
         return int(lo), int(hi)
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not bind ``host:port`` now (with SO_REUSEADDR, as HTTP servers bind)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return False  # an unresolvable host: the frontend reports it
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError:
+            return True
+    return False
