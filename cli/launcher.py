@@ -1,12 +1,12 @@
 """`splitserve up`: start router, workers and frontend as child processes; stop them all on exit.
 
 Each child is a plain `python -m cli.main <service>` process, the same command a systemd unit runs. Children
-die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves nothing behind.
+die with the launcher (PR_SET_PDEATHSIG, which each sets on itself at start: cli/child_setup.py), so a killed
+launcher leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from cli.child_setup import launcher_env
 from cli.children import Child, ChildSet
 from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
     DEFAULT_MODEL_DIR,
@@ -38,15 +39,6 @@ from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
 
 log = structlog.get_logger(__name__)
-
-def _child_setup(cores: frozenset[int]) -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG: stop at once (SIGTERM would make a worker drain)
-    allowed = os.sched_getaffinity(0)
-    if cores and cores <= allowed:
-        os.sched_setaffinity(0, cores)
-
-
 
 
 def launch(spec: GraphSpec) -> int:
@@ -100,8 +92,10 @@ def launch(spec: GraphSpec) -> int:
         # Each service leads its own process group, so stopping it also stops what it started (vLLM's engine
         # core and worker processes), even if the service itself dies first.
         cores = frozenset() if cmd[0] == "worker" else control_cores  # a worker pins itself to its --core
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
-                                preexec_fn=lambda: _child_setup(cores), start_new_session=True)
+        # The child sets its cores and parent-death signal itself (cli/child_setup.py): no preexec_fn in a
+        # launcher with ZeroMQ threads running.
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], start_new_session=True,
+                                env={**env, **launcher_env(os.getpid(), cores)})
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":
             child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]

@@ -1,6 +1,6 @@
 """`up` as an operator sees it (mock engines, real processes): every service it starts serves Prometheus metrics,
-listed in its file-SD target list, which follows restarts and drains; and a mock graph runs on a model directory
-with no weights (config.json and a tokenizer only)."""
+listed in its file-SD target list, which follows restarts and drains; a mock graph runs on a model directory with
+no weights (config.json and a tokenizer only); a killed launcher takes its children with it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.cli.test_child_setup import alive
 from tests.cli.test_mock_needs_no_weights import weightless_model
 from tests.graph import Graph, child_pid, start_graph, wait_until
 
@@ -109,3 +110,18 @@ def test_a_stopped_graph_removes_its_target_list(tmp_path: Path) -> None:
     finally:
         graph.stop()
     assert graph.proc.returncode == 0 and not sd_path.exists()
+
+
+def test_a_killed_launcher_takes_its_children_and_leaves_its_targets(tmp_path: Path) -> None:
+    sd_path = tmp_path / "targets.json"
+    graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "1", "--mock-speedup", "10",
+                        "--num-blocks", "256", "--metrics-sd-file", str(sd_path))
+    try:
+        pids = [child_pid(graph, f"cli.main {service}") for service in ("router", "kvtier", "worker", "frontend")]
+        graph.proc.kill()  # SIGKILL: no clean-up; each child's parent-death signal stops it
+        graph.proc.wait()
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=20), pids
+        assert len(json.loads(sd_path.read_text())) == 4  # left for Prometheus to show the graph down
+    finally:
+        graph.stop()
+
