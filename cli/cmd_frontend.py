@@ -40,7 +40,7 @@ def frontend(
     from services.frontend.service import FrontendConfig, FrontendService
 
     configure_logging(log_level, log_json, "frontend")
-    validated(model)
+    validated(model, need_weights=False)  # tokenizer and config only
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,

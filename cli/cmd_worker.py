@@ -62,7 +62,7 @@ def worker(
     configure_logging(log_level, log_json, f"worker-{role}")
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
-    info = validated(model)
+    info = validated(model, need_weights=engine != "mock")  # the mock engine reads config.json only
     name = served_model_name or model.resolve().name
     wid = worker_id or f"{role}-{os.getpid()}"
     if engine == "mock":

@@ -1,228 +1,51 @@
 """`splitserve up`: start router, workers and frontend as child processes; stop them all on exit.
 
 Each child is a plain `python -m cli.main <service>` process, the same command a systemd unit runs. Children
-die with the launcher (PR_SET_PDEATHSIG), so a killed launcher leaves nothing behind.
+die with the launcher (PR_SET_PDEATHSIG, which each sets on itself at start: cli/child_setup.py), so a killed
+launcher leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 
 import structlog
 
+from cli.child_setup import launcher_env
+from cli.children import Child, ChildSet
+from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
+    DEFAULT_MODEL_DIR,
+    GraphSpec,
+    PlannerSpec,
+    control_plane_cores,
+    kvtier_block_bytes,
+    kvtier_command,
+    planner_command,
+    router_command,
+    worker_command,
+    worker_commands,
+    worker_roles,
+)
+from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
+from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
-from services.planner import defaults as planner_defaults
-from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_MODEL_DIR = Path("models/tiny")
-
-
-@dataclass(frozen=True)
-class PlannerSpec:
-    """`up --planner`: a planner process whose ScaleRequests this launcher carries out."""
-
-    slo: str  # ttft_ms=..,itl_ms=..
-    profile: Path | None = None
-    interval_s: float = planner_defaults.INTERVAL_S
-    window_s: float = planner_defaults.WINDOW_S
-    max_prefill: int = planner_defaults.MAX_PREFILL
-    max_decode: int = planner_defaults.MAX_DECODE
-    max_workers: int = planner_defaults.MAX_WORKERS
-    decisions_path: Path | None = None
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    model: Path | None = None
-    engine: str = "vllm"
-    num_prefill: int = 1
-    num_decode: int = 1
-    num_aggregated: int = 0
-    router_policy: str = "kv"
-    local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
-    block_size: int = 32
-    num_blocks: int | None = None
-    mock_speedup: float = 1.0
-    mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
-    # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
-    kvtier: bool = True
-    host_cache_gb: float = 1.0
-    disk_cache_gb: float = 0.0
-    disk_cache_dir: Path | None = None
-    kvtier_metrics_port: int = 0
-    dtype: str = "auto"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    router_port: int = 0  # 0: any free port
-    router_metrics_port: int = 0  # 0: the router serves no Prometheus metrics
-    router_prefill_weight: float | None = None  # None: the router's default
-    router_busy_threshold: float | None = None
-    log_level: str = "info"
-    log_json: bool = False
-    # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
-    ready_timeout_s: float = 300.0
-    # Crashed children are restarted; more crashes than this in a minute stop the whole graph.
-    max_restarts_per_min: int = 5
-    planner: PlannerSpec | None = None  # None: fixed pools
-    # Tokens a decode worker computes per step (0: the engine's default). Small values chunk its local
-    # prefills over several steps, bounding the inter-token gap they cause to the decoding streams.
-    decode_max_batched_tokens: int = 0
-    # vLLM: frontend, router, kvtier and planner on control_plane_cores (never a decode engine's core).
-    pin_control_plane: bool = True
-
-
-_handed_out: set[int] = set()  # ports this process chose and a child has not necessarily bound yet
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free now, for a child to bind later, outside the kernel's ephemeral range.
-
-    Between our check and the child's bind, any process binding port 0 (vLLM's own ZeroMQ sockets, UCX) could
-    be handed an ephemeral port; one of ours outside that range cannot be (seen in CI: a NIXL side-channel port
-    taken, "Address already in use", the engine never ready). Never the same port twice per launcher.
-    """
-    lo, _ = _ephemeral_range()
-    first = 10_000
-    for _ in range(200):
-        port = random.randrange(first, lo) if lo - first > 1000 else 0
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            port = s.getsockname()[1]
-        _handed_out.add(port)
-        return port
-    raise OSError(f"no free TCP port on {host} below {lo}")
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(lo), int(hi)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def _child_setup(cores: frozenset[int]) -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG: stop at once (SIGTERM would make a worker drain)
-    allowed = os.sched_getaffinity(0)
-    if cores and cores <= allowed:
-        os.sched_setaffinity(0, cores)
-
-
-def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
-    cmd = ["kvtier", "--endpoint", endpoint, "--router", router, "--host-cache-gb", str(spec.host_cache_gb),
-           "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(kvtier_block_bytes(spec))]
-    if spec.disk_cache_dir is not None:
-        cmd += ["--disk-cache-dir", str(spec.disk_cache_dir)]
-    if spec.kvtier_metrics_port:
-        cmd += ["--metrics-port", str(spec.kvtier_metrics_port)]
-    return cmd
-
-
-def kvtier_block_bytes(spec: GraphSpec) -> int:
-    """kvtier's slot: one block of every layer's K and V. Mock: 36,864 KV bytes per token (its modelled ~100M
-    engine, bf16). vLLM: from the model's config, 2 bytes per element for 16-bit dtypes, else 4 (fp32)."""
-    if spec.engine == "mock":
-        return 36864 * spec.block_size
-    from common.tiny_model import validate_model_dir
-    from services.worker.engines.vllm.dtype import resolved_dtype
-
-    info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
-    # As each engine resolves it (on a CPU without native bf16, `auto` is float32); "auto" left: the model's.
-    dtype = resolved_dtype(spec.dtype, info.torch_dtype, on_cuda=shutil.which("nvidia-smi") is not None).dtype
-    dtype = info.torch_dtype if dtype == "auto" else dtype
-    return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
-
-
-def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "") -> list[str]:
-    num_cores = os.cpu_count() or 1
-    cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
-           "--block-size", str(spec.block_size), "--worker-id", f"{role}-{index}",
-           "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
-           "--nixl-port", str(free_port()), "--core", str(index % num_cores)]
-    if spec.num_blocks is not None:
-        cmd += ["--num-blocks", str(spec.num_blocks)]
-    if spec.mock_profile is not None:
-        cmd += ["--mock-profile", str(spec.mock_profile)]
-    if kvtier:
-        cmd += ["--kvtier", kvtier]
-    if role == "decode" and spec.decode_max_batched_tokens:
-        cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
-    return cmd
-
-
-def worker_roles(spec: GraphSpec) -> list[str]:
-    """Role of each initial worker; worker ``i`` is pinned to core ``i % num_cores`` (worker_command)."""
-    return ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
-
-
-def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
-    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(worker_roles(spec))]
-
-
-def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
-    """Cores for the frontend, router, kvtier and planner of a vLLM graph; empty: leave them unpinned.
-
-    Decode latency is what disaggregation protects, so the control plane never shares a decode engine's core:
-    it takes the cores no engine uses, else the prefill engines' (a prefill is throughput-bound; measured on
-    2 cores, an unpinned frontend, router and client drifted onto the decode core whenever a long prefill held
-    the other one). An aggregated graph with no free core has nowhere better: unpinned.
-    """
-    free = frozenset(range(num_cores)) - {i % num_cores for i in range(len(roles))}
-    if free:
-        return free
-    prefill = {i % num_cores for i, role in enumerate(roles) if role == "prefill"}
-    latency_bound = {i % num_cores for i, role in enumerate(roles) if role != "prefill"}  # decode, both
-    return frozenset(prefill - latency_bound)
-
-
-def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
-    assert spec.planner is not None
-    p = spec.planner
-    cmd = ["planner", "--router", router, "--metrics-url", f"http://{spec.host}:{spec.port}/metrics",
-           "--events", events, "--slo", p.slo, "--interval-s", str(p.interval_s),
-           "--window-s", str(p.window_s),
-           "--max-prefill", str(p.max_prefill), "--max-decode", str(p.max_decode),
-           "--max-workers", str(p.max_workers)]
-    if p.profile is not None:
-        cmd += ["--profile", str(p.profile)]
-    if p.decisions_path is not None:
-        cmd += ["--decisions", str(p.decisions_path)]
-    return cmd
-
-
-@dataclass
-class Child:
-    service: str
-    cmd: list[str]
-    proc: subprocess.Popen[bytes]
-    started_s: float
-    role: str = ""  # workers: prefill | decode | both
-    worker_id: str = ""
-    draining: bool = False
-
 
 def launch(spec: GraphSpec) -> int:
+    if port_in_use(spec.host, spec.port):
+        # Another graph's, most likely: fail before touching anything of its own (its target list included).
+        log.error("port_in_use", host=spec.host, port=spec.port)
+        return 1
     model = spec.model or DEFAULT_MODEL_DIR
     if spec.model is None and not (model / "config.json").exists():
         from common.tiny_model import make_tiny_model
@@ -231,11 +54,7 @@ def launch(spec: GraphSpec) -> int:
         make_tiny_model(model)
     router = f"tcp://127.0.0.1:{spec.router_port or free_port()}"
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
-    commands = [["router", "--endpoint", router, "--policy", spec.router_policy,
-                 "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens)]
-                + (["--metrics-port", str(spec.router_metrics_port)] if spec.router_metrics_port else [])
-                + (["--prefill-weight", str(spec.router_prefill_weight)] if spec.router_prefill_weight is not None else [])
-                + (["--busy-threshold", str(spec.router_busy_threshold)] if spec.router_busy_threshold is not None else [])]
+    commands = [router_command(spec, router)]
     # One kvtier for every engine (vLLM workers reach it through our KV connector).
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:
@@ -252,7 +71,15 @@ def launch(spec: GraphSpec) -> int:
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())
     if control_cores:
         log.info("control_plane_pinned", cores=sorted(control_cores))
-    children: list[Child] = []
+    sd_path = spec.metrics_sd_file or default_sd_path(spec.port)
+
+    def publish_targets(now: Sequence[Child]) -> None:
+        # Every process alive or starting, draining ones included (they serve until they exit).
+        targets = [t for t in (metrics_target(c.cmd) for c in now) if t is not None]
+        write_sd_file(sd_path, targets)
+        log.info("metrics_targets_written", path=str(sd_path), num_targets=len(targets))
+
+    children = ChildSet(on_change=publish_targets)
     restarts: list[float] = []
     stopping = False
     next_worker_index = len(workers)
@@ -265,8 +92,10 @@ def launch(spec: GraphSpec) -> int:
         # Each service leads its own process group, so stopping it also stops what it started (vLLM's engine
         # core and worker processes), even if the service itself dies first.
         cores = frozenset() if cmd[0] == "worker" else control_cores  # a worker pins itself to its --core
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], env=env,
-                                preexec_fn=lambda: _child_setup(cores), start_new_session=True)
+        # The child sets its cores and parent-death signal itself (cli/child_setup.py): no preexec_fn in a
+        # launcher with ZeroMQ threads running.
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], start_new_session=True,
+                                env={**env, **launcher_env(os.getpid(), cores)})
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":
             child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]
@@ -283,7 +112,7 @@ def launch(spec: GraphSpec) -> int:
         for _ in range(actions.start):
             child = spawn(worker_command(spec, model, router, role, next_worker_index, kvtier))
             next_worker_index += 1
-            children.append(child)
+            children.add(child)
             log.info("worker_started", worker_id=child.worker_id, pid=child.proc.pid, target=target)
         for child in children:
             if child.worker_id in actions.drain:
@@ -295,12 +124,13 @@ def launch(spec: GraphSpec) -> int:
     signal.signal(signal.SIGTERM, stop)
     events = ScaleEvents(planner_events) if planner_events else None
     try:
-        children.extend(spawn(cmd) for cmd in commands)
+        for cmd in commands:
+            children.add(spawn(cmd))  # one at a time: a failed start still stops those already started
         url = f"http://{spec.host}:{spec.port}"
         ready = False
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
-            for i, child in enumerate(list(children)):
+            for child in children:
                 if child.proc.poll() is None:
                     continue
                 if child.draining or (child.role and child.proc.returncode == 0):
@@ -317,15 +147,16 @@ def launch(spec: GraphSpec) -> int:
                 if not ready or len(restarts) > spec.max_restarts_per_min:
                     return 1
                 _signal_group(child.proc, signal.SIGKILL)  # what the dead service left running (engine processes)
-                children[children.index(child)] = spawn(child.cmd)
+                # The same command, so the same metrics port: its scrape target and series carry on.
+                children.replace(child, spawn(child.cmd))
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
                              prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated,
                              planner=spec.planner is not None)
-                    print(f"splitserve is serving {url}/v1 (model {model.resolve().name!r}); Ctrl-C stops it",
-                          flush=True)
+                    print(f"splitserve is serving {url}/v1 (model {model.resolve().name!r}); Ctrl-C stops it\n"
+                          f"Prometheus targets (file_sd_configs): {sd_path}", flush=True)
                 elif time.monotonic() > deadline:
                     log.error("not_ready", timeout_s=spec.ready_timeout_s)
                     return 1
@@ -337,7 +168,8 @@ def launch(spec: GraphSpec) -> int:
     finally:
         if events is not None:
             events.close()
-        _stop_all([c.proc for c in children])
+        _stop_all(children.procs())
+        sd_path.unlink(missing_ok=True)  # a stopped graph is no outage: Prometheus drops its targets
 
 
 def _healthy(url: str, num_workers: int) -> bool:

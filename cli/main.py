@@ -46,4 +46,7 @@ def worker_main() -> None:
 
 
 if __name__ == "__main__":
+    from cli.child_setup import apply_launcher_setup
+
+    apply_launcher_setup()  # a child of `splitserve up`: its cores, and die with the launcher
     app()

@@ -26,13 +26,15 @@ def transport(curve_dir: Optional[Path]):
     return TransportConfig(curve=load_curve_keys(curve_dir) if curve_dir else None)
 
 
-def validated(model: Path):
-    """The model directory's facts, or a one-line error and exit code 2 (never a traceback)."""
+def validated(model: Path, need_weights: bool = True):
+    """The model directory's facts, or a one-line error and exit code 2 (never a traceback).
+
+    ``need_weights=False``: what the mock engine and the frontend read (config.json and a tokenizer) is enough."""
     from common.errors import ModelError
     from common.tiny_model import validate_model_dir
 
     try:
-        return validate_model_dir(model)
+        return validate_model_dir(model, need_weights)
     except ModelError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

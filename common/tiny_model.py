@@ -89,18 +89,22 @@ def make_tiny_model(out_dir: Path, size: ModelSize = "tiny", seed: int = 0) -> P
     return out_dir
 
 
-def validate_model_dir(path: Path) -> ModelInfo:
-    """Check a model directory has a usable config, tokenizer and weights; raise ``ModelError`` if not."""
+def validate_model_dir(path: Path, need_weights: bool = True) -> ModelInfo:
+    """Check a model directory has a usable config, tokenizer and (``need_weights``) weights; raise ``ModelError``
+    if not. Without ``need_weights`` (the mock engine, the frontend: they never load weights) a directory with
+    only config.json and a tokenizer is enough, e.g. a real model's, to simulate serving it."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model directory {path} does not exist or is not a directory")
     config = _read_config(path / "config.json")
     _check_tokenizer(path / "tokenizer.json")
     weight_files = sorted(p.name for p in path.glob("*.safetensors"))
-    if not weight_files:
-        raise ModelError(f"model directory {path} has no *.safetensors weight files")
-    for name in weight_files:
-        _check_safetensors(path / name)
+    if need_weights:
+        if not weight_files:
+            raise ModelError(f"model directory {path} has no *.safetensors weight files (an engine that runs the "
+                             "model needs them; --engine mock needs only config.json and a tokenizer)")
+        for name in weight_files:
+            _check_safetensors(path / name)
     try:
         num_heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])

@@ -1,0 +1,164 @@
+"""What `up` runs: the graph's spec and each child's command line (pure, apart from picking free ports).
+
+Each child is a plain `python -m cli.main <service>` command, the same one a systemd unit runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli.ports import free_port
+from services.planner import defaults as planner_defaults
+from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+
+DEFAULT_MODEL_DIR = Path("models/tiny")
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """`up --planner`: a planner process whose ScaleRequests this launcher carries out."""
+
+    slo: str  # ttft_ms=..,itl_ms=..
+    profile: Path | None = None
+    interval_s: float = planner_defaults.INTERVAL_S
+    window_s: float = planner_defaults.WINDOW_S
+    max_prefill: int = planner_defaults.MAX_PREFILL
+    max_decode: int = planner_defaults.MAX_DECODE
+    max_workers: int = planner_defaults.MAX_WORKERS
+    decisions_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    model: Path | None = None
+    engine: str = "vllm"
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_aggregated: int = 0
+    router_policy: str = "kv"
+    local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
+    block_size: int = 32
+    num_blocks: int | None = None
+    mock_speedup: float = 1.0
+    mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
+    # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
+    kvtier: bool = True
+    host_cache_gb: float = 1.0
+    disk_cache_gb: float = 0.0
+    disk_cache_dir: Path | None = None
+    kvtier_metrics_port: int = 0  # 0: any free port (every service `up` starts serves Prometheus metrics)
+    dtype: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    router_port: int = 0  # 0: any free port
+    router_metrics_port: int = 0  # 0: any free port
+    router_prefill_weight: float | None = None  # None: the router's default
+    router_busy_threshold: float | None = None
+    log_level: str = "info"
+    log_json: bool = False
+    # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
+    ready_timeout_s: float = 300.0
+    # Crashed children are restarted; more crashes than this in a minute stop the whole graph.
+    max_restarts_per_min: int = 5
+    planner: PlannerSpec | None = None  # None: fixed pools
+    # Tokens a decode worker computes per step (0: the engine's default). Small values chunk its local
+    # prefills over several steps, bounding the inter-token gap they cause to the decoding streams.
+    decode_max_batched_tokens: int = 0
+    # vLLM: frontend, router, kvtier and planner on control_plane_cores (never a decode engine's core).
+    pin_control_plane: bool = True
+    # Prometheus file-SD target list, rewritten whenever a process starts, restarts or drains (None: default_sd_path).
+    metrics_sd_file: Path | None = None
+
+
+def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
+    cmd = ["kvtier", "--endpoint", endpoint, "--router", router, "--host-cache-gb", str(spec.host_cache_gb),
+           "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(kvtier_block_bytes(spec))]
+    if spec.disk_cache_dir is not None:
+        cmd += ["--disk-cache-dir", str(spec.disk_cache_dir)]
+    return cmd + ["--metrics-port", str(spec.kvtier_metrics_port or free_port())]
+
+
+def kvtier_block_bytes(spec: GraphSpec) -> int:
+    """kvtier's slot: one block of every layer's K and V. Mock: 36,864 KV bytes per token (its modelled ~100M
+    engine, bf16). vLLM: from the model's config, 2 bytes per element for 16-bit dtypes, else 4 (fp32)."""
+    if spec.engine == "mock":
+        return 36864 * spec.block_size
+    from common.tiny_model import validate_model_dir
+    from services.worker.engines.vllm.dtype import resolved_dtype
+
+    info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
+    # As each engine resolves it (on a CPU without native bf16, `auto` is float32); "auto" left: the model's.
+    dtype = resolved_dtype(spec.dtype, info.torch_dtype, on_cuda=shutil.which("nvidia-smi") is not None).dtype
+    dtype = info.torch_dtype if dtype == "auto" else dtype
+    return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
+
+
+def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "") -> list[str]:
+    num_cores = os.cpu_count() or 1
+    cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
+           "--block-size", str(spec.block_size), "--worker-id", f"{role}-{index}",
+           "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
+           "--nixl-port", str(free_port()), "--core", str(index % num_cores), "--metrics-port", str(free_port())]
+    if spec.num_blocks is not None:
+        cmd += ["--num-blocks", str(spec.num_blocks)]
+    if spec.mock_profile is not None:
+        cmd += ["--mock-profile", str(spec.mock_profile)]
+    if kvtier:
+        cmd += ["--kvtier", kvtier]
+    if role == "decode" and spec.decode_max_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
+    return cmd
+
+
+def worker_roles(spec: GraphSpec) -> list[str]:
+    """Role of each initial worker; worker ``i`` is pinned to core ``i % num_cores`` (worker_command)."""
+    return ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode + ["both"] * spec.num_aggregated
+
+
+def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
+    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(worker_roles(spec))]
+
+
+def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
+    """Cores for the frontend, router, kvtier and planner of a vLLM graph; empty: leave them unpinned.
+
+    Decode latency is what disaggregation protects, so the control plane never shares a decode engine's core:
+    it takes the cores no engine uses, else the prefill engines' (a prefill is throughput-bound; measured on
+    2 cores, an unpinned frontend, router and client drifted onto the decode core whenever a long prefill held
+    the other one). An aggregated graph with no free core has nowhere better: unpinned.
+    """
+    free = frozenset(range(num_cores)) - {i % num_cores for i in range(len(roles))}
+    if free:
+        return free
+    prefill = {i % num_cores for i, role in enumerate(roles) if role == "prefill"}
+    latency_bound = {i % num_cores for i, role in enumerate(roles) if role != "prefill"}  # decode, both
+    return frozenset(prefill - latency_bound)
+
+
+def router_command(spec: GraphSpec, endpoint: str) -> list[str]:
+    cmd = ["router", "--endpoint", endpoint, "--policy", spec.router_policy,
+           "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens),
+           "--metrics-port", str(spec.router_metrics_port or free_port())]
+    if spec.router_prefill_weight is not None:
+        cmd += ["--prefill-weight", str(spec.router_prefill_weight)]
+    if spec.router_busy_threshold is not None:
+        cmd += ["--busy-threshold", str(spec.router_busy_threshold)]
+    return cmd
+
+
+def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
+    assert spec.planner is not None
+    p = spec.planner
+    cmd = ["planner", "--router", router, "--metrics-url", f"http://{spec.host}:{spec.port}/metrics",
+           "--events", events, "--slo", p.slo, "--interval-s", str(p.interval_s),
+           "--window-s", str(p.window_s),
+           "--max-prefill", str(p.max_prefill), "--max-decode", str(p.max_decode),
+           "--max-workers", str(p.max_workers)]
+    if p.profile is not None:
+        cmd += ["--profile", str(p.profile)]
+    if p.decisions_path is not None:
+        cmd += ["--decisions", str(p.decisions_path)]
+    return cmd
