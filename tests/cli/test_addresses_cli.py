@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+import structlog
 from typer.testing import CliRunner
 
 from cli.main import app
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging():
+    """The commands configure structlog to print to the runner's stderr, which is closed afterwards."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.mark.parametrize(("args", "message"), [
