@@ -44,3 +44,7 @@ class WorkerLost(SplitserveError):
 
 class NixlUnavailable(SplitserveError):
     """No NIXL agent could be made (not installed, or no backend works)."""
+
+
+class AddressError(SplitserveError, ValueError):
+    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""
