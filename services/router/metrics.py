@@ -38,6 +38,18 @@ class RouterMetrics:
                                         ["worker_id"], registry=r)
         self.worker_running = Gauge("splitserve_router_worker_running", "Running requests per worker",
                                     ["worker_id"], registry=r)
+        self.predicted_prefill_seconds = Histogram(
+            "splitserve_router_predicted_prefill_seconds",
+            "kv policy: predicted seconds until a routed prompt's KV is on its decode worker (queue + prefill + move)",
+            ["where", "relation"], registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+        self.link_bandwidth = Gauge(
+            "splitserve_router_link_bandwidth_bytes_per_second",
+            "KV pull bandwidth learned per node pair (median of recent decode-worker samples)",
+            ["src_node", "dst_node"], registry=r)
+        self.transfer_samples = Counter(
+            "splitserve_router_transfer_samples", "KV pull samples reported by workers, by whether a link learned "
+            "from them", ["used"], registry=r)
         self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
                                     ["worker_id"], registry=r)
 
@@ -48,6 +60,9 @@ class RouterMetrics:
         # Tier-weighted overlaps (device + 0.75 host + 0.25 disk), as the cost function sees them.
         self.predicted_hit_blocks.inc(choice.decode.overlap_blocks)
         self.best_overlap_blocks.inc(choice.decode.best_overlap_blocks)
+        if choice.predicted_s > 0:
+            self.predicted_prefill_seconds.labels(where="remote" if choice.prefill_worker_id else "local",
+                                                  relation=choice.relation).observe(choice.predicted_s)
 
     def observe_load(self, worker_id: str, load: WorkerLoad) -> None:
         self.worker_free_blocks.labels(worker_id=worker_id).set(load.num_free_blocks)

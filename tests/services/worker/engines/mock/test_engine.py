@@ -135,7 +135,8 @@ async def test_abort_ends_the_stream_and_frees_blocks(engine: MockEngine) -> Non
     await engine.abort("a")
     rest = [out async for out in stream]
     assert [out.finish_reason for out in rest][-1] == "abort"
-    assert engine.load() == engine.load().__class__(num_free_blocks=64, num_total_blocks=64)
+    # The mock counts queued prefill tokens (0 now; -1 would mean "not counted").
+    assert engine.load() == engine.load().__class__(num_free_blocks=64, num_total_blocks=64, num_waiting_tokens=0)
     await engine.abort("a")  # unknown now: ignored
 
 

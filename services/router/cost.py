@@ -1,0 +1,164 @@
+"""Where to prefill, in predicted seconds (docs/architecture.md#a-requests-path).
+
+Remote prefill on worker P for decode worker D costs
+    P's queued prefill tokens / P's rate + P's uncached prompt tokens / P's rate + move(KV bytes, link P -> D)
+and local prefill on D costs
+    (D's queued prefill tokens + D's uncached prompt tokens) / D's rate
+        * (local_prefill_factor + decode_interference_per_stream * D's running streams)
+because a decode worker that prefills stalls its decode streams for the chunk's length (their inter-token
+latency pays, not this request's TTFT): the factor is that price, in seconds of this prefill.
+
+Rates are what the worker measured (``WorkerLoad.prefill_tokens_per_s``), else the configured default (seeded
+from a profile). KV bytes per token come from the worker's registration. Pure functions of their arguments:
+the topology is only read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from common.protocol import WorkerLoad
+from common.timing import TimingModel
+from services.router.topology import RELATION_RANK, Link, Place, Relation, Topology, TopologyConfig
+
+# remote: the cheapest remote pair (ties -> the closest); local_cheaper: moving the KV (or the prefill
+# worker's queue) costs more than computing on the decode worker; no_remote: no prefill worker to price.
+CostReason = Literal["remote", "local_cheaper", "no_remote"]
+# Prompt length at which a profile's prefill rate is read: a typical chunk, past the per-step overhead.
+PROFILE_RATE_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    # Prefill tokens/s of a worker that reports no measured rate (TimingModel's default is ~2,000 at 1k tokens).
+    prefill_tokens_per_s: float = 2000.0
+    # KV bytes per prompt token when no worker registered one; 0: unknown, a move costs its latency only.
+    kv_bytes_per_token: int = 0
+    # Queued prompt tokens per waiting request, for engines that count requests but not tokens (vLLM).
+    waiting_request_tokens: int = 1024
+    # Local prefill seconds are multiplied by this plus decode_interference_per_stream per running stream:
+    # at 1.5 an idle single-host pair still prefills remotely (the move is ~2% of the prefill there).
+    local_prefill_factor: float = 1.5
+    decode_interference_per_stream: float = 0.02
+    # Predicted times within this fraction of the best are equal: the closer pair (same node, then same
+    # zone) wins among them.
+    equal_tolerance: float = 0.05
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+
+    def __post_init__(self) -> None:
+        if not self.prefill_tokens_per_s > 0:
+            raise ValueError("prefill_tokens_per_s must be positive")
+        if self.local_prefill_factor <= 0 or self.decode_interference_per_stream < 0 or self.equal_tolerance < 0:
+            raise ValueError("local_prefill_factor must be > 0; interference and tolerance >= 0")
+
+    @classmethod
+    def from_timing(cls, timing: TimingModel, **overrides: object) -> CostConfig:
+        """Defaults seeded from a profile: its prefill rate, and its transfer figures as the same-node link."""
+        rate = PROFILE_RATE_TOKENS / timing.prefill_s(PROFILE_RATE_TOKENS)
+        topology = overrides.pop("topology", None) or TopologyConfig(
+            same_node_bytes_per_s=timing.transfer_bandwidth_bytes_per_s,
+            same_node_latency_s=timing.transfer_latency_s)
+        return cls(**{"prefill_tokens_per_s": rate, "topology": topology, **overrides})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Site:
+    """A worker as the cost sees it for one request."""
+
+    worker_id: str
+    load: WorkerLoad
+    place: Place = Place("")
+    kv_bytes_per_token: int = 0
+    # Prompt tokens this worker need not compute (tier-weighted prefix credit * block size).
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    # None: the decode worker prefills.
+    worker_id: str | None
+    predicted_s: float
+    reason: CostReason
+    # The local alternative's prediction (equal to predicted_s when local was chosen).
+    local_s: float
+    # Link from the chosen prefill worker to the decode worker ("same_node" for local).
+    relation: Relation = "same_node"
+    transfer_s: float = 0.0
+
+
+def prefill_rate(load: WorkerLoad, config: CostConfig) -> float:
+    rate = load.prefill_tokens_per_s
+    return rate if 0 < rate < float("inf") else config.prefill_tokens_per_s
+
+
+def queued_tokens(load: WorkerLoad, config: CostConfig) -> int:
+    if load.num_waiting_tokens >= 0:
+        return load.num_waiting_tokens
+    return load.num_waiting * config.waiting_request_tokens
+
+
+def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
+    uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
+    compute_s = (queued_tokens(decode.load, config) + uncached) / prefill_rate(decode.load, config)
+    return compute_s * (config.local_prefill_factor + config.decode_interference_per_stream * decode.load.num_running)
+
+
+def remote_prefill_s(num_prompt_tokens: int, prefill: Site, decode: Site, topology: Topology,
+                     config: CostConfig) -> tuple[float, Link, float]:
+    """(predicted seconds, the link, its transfer seconds). The decode worker pulls only what it lacks."""
+    rate = prefill_rate(prefill.load, config)
+    uncached = max(num_prompt_tokens - prefill.num_cached_tokens, 0)
+    compute_s = (queued_tokens(prefill.load, config) + uncached) / rate
+    bytes_per_token = prefill.kv_bytes_per_token or decode.kv_bytes_per_token or config.kv_bytes_per_token
+    num_bytes = max(num_prompt_tokens - decode.num_cached_tokens, 0) * bytes_per_token
+    link = topology.link(prefill.place, decode.place)
+    # Unknown KV size: the move is priced at its latency alone (a bandwidth cannot be applied to no bytes).
+    transfer_s = link.transfer_s(num_bytes) if num_bytes else link.latency_s
+    return compute_s + transfer_s, link, transfer_s
+
+
+def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence[Site], topology: Topology,
+                   config: CostConfig) -> PrefillChoice:
+    """The cheapest remote prefill worker for ``decode`` (among near-equal ones the closest, then the
+    fastest, then the least loaded, then by id), unless prefilling on ``decode`` itself is cheaper."""
+    local_s = local_prefill_s(num_prompt_tokens, decode, config)
+    if not prefill_sites:
+        return PrefillChoice(None, local_s, "no_remote", local_s)
+    priced = [(*remote_prefill_s(num_prompt_tokens, site, decode, topology, config), site)
+              for site in prefill_sites]
+    best_s = min(seconds for seconds, _, _, _ in priced)
+    near = [p for p in priced if p[0] <= best_s * (1 + config.equal_tolerance)]
+    seconds, link, transfer_s, site = min(
+        near, key=lambda p: (RELATION_RANK[p[1].relation], p[0], _load_key(p[3].load), p[3].worker_id))
+    if local_s < seconds:
+        return PrefillChoice(None, local_s, "local_cheaper", local_s)
+    return PrefillChoice(site.worker_id, seconds, "remote", local_s, link.relation, transfer_s)
+
+
+@dataclass(frozen=True)
+class PairChoice:
+    decode_worker_id: str
+    prefill: PrefillChoice
+
+
+def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_sites: Sequence[Site],
+                topology: Topology, config: CostConfig) -> PairChoice:
+    """Among decode workers the kv policy found equal, the one whose best prefill is fastest; near-equal
+    pairs go to the closest (local prefill counts as same node), then the faster, then the less loaded."""
+    if not decode_sites:
+        raise ValueError("choose_pair needs a decode site")
+    pairs = []
+    for decode in decode_sites:
+        pool = [s for s in prefill_sites if s.worker_id != decode.worker_id]
+        pairs.append((choose_prefill(num_prompt_tokens, decode, pool, topology, config), decode))
+    best_s = min(choice.predicted_s for choice, _ in pairs)
+    near = [p for p in pairs if p[0].predicted_s <= best_s * (1 + config.equal_tolerance)]
+    choice, decode = min(near, key=lambda p: (RELATION_RANK[p[0].relation], p[0].predicted_s,
+                                              _load_key(p[1].load), p[1].worker_id))
+    return PairChoice(decode.worker_id, choice)
+
+
+def _load_key(load: WorkerLoad) -> tuple[int, int]:
+    return (load.num_running + load.num_waiting, load.num_active_blocks)

@@ -1,0 +1,43 @@
+"""Which pulls a heartbeat reports, and from which worker each one pulled.
+
+The router learns link bandwidths from them, per (source node, this node). The mock engine names each pull's
+source (``TransferSample.src_worker_id``); vLLM's NIXL telemetry does not (one entry per READ, no request or
+peer). Such a pull is attributed when it can only have come from one worker: every request that was pulling
+during this heartbeat interval or the one before named the same ``remote_engine_id`` (a prefill worker's id).
+Otherwise it stays unattributed and the router learns nothing from it: a wrong source would teach a wrong link.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.protocol import TransferSample
+
+
+class TransferSources:
+    def __init__(self) -> None:
+        self._pulling: dict[str, str] = {}  # request id -> remote_engine_id, from Generate to its first output
+        self._this_interval: set[str] = set()
+        self._last_interval: set[str] = set()
+        self._last_seq = 0
+
+    def started(self, request_id: str, src_worker_id: str) -> None:
+        self._pulling[request_id] = src_worker_id
+        self._this_interval.add(src_worker_id)
+
+    def finished(self, request_id: str) -> None:
+        """The request's pull is over (its first output came, or it ended): no later sample is its."""
+        self._pulling.pop(request_id, None)
+
+    def new_samples(self, recent: tuple[TransferSample, ...]) -> tuple[TransferSample, ...]:
+        """Samples after the last call's (by ``seq``), a source filled in where only one is possible. Call once
+        per heartbeat: each call closes an interval."""
+        new = [s for s in recent if s.seq > self._last_seq]
+        if new:
+            self._last_seq = new[-1].seq
+        sources = self._this_interval | self._last_interval | set(self._pulling.values())
+        only = next(iter(sources)) if len(sources) == 1 else ""
+        self._last_interval, self._this_interval = self._this_interval, set(self._pulling.values())
+        if not only:
+            return tuple(new)
+        return tuple(s if s.src_worker_id else msgspec.structs.replace(s, src_worker_id=only) for s in new)
