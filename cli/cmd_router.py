@@ -70,7 +70,8 @@ def router(
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_endpoint, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
                           transport=transport(curve_dir),
-                          policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens, cost=cost,
+                          policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
+                                              cost=cost,
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),
                                                                    ("busy_threshold", busy_threshold))
                                                  if v is not None}))

@@ -265,8 +265,8 @@ class Policy:
             self._rr_prefill += 1
             cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
             return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
-        priced = choose_prefill(num_prompt_tokens, decode_site, [_site(c, overlaps, block_size, config) for c in open_pool],
-                                self.topology, config.cost)
+        sites = [_site(c, overlaps, block_size, config) for c in open_pool]
+        priced = choose_prefill(num_prompt_tokens, decode_site, sites, self.topology, config.cost)
         if priced.worker_id is None:
             return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
                                predicted_s=priced.predicted_s)

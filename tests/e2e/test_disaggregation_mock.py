@@ -11,8 +11,8 @@ import pytest
 
 from common.timing import TimingModel
 from services.router.topology import TopologyConfig
-from tests.graph import Graph, wait_until, worker_stats
 from tests.e2e.test_openai_api import MODEL, client
+from tests.graph import Graph, wait_until, worker_stats
 
 MOCK_KV_BYTES_PER_TOKEN = 36864  # MockEngineConfig's default
 LONG_PROMPT = list(range(100, 100 + 700))  # 700 tokens: above the local-prefill threshold (256)

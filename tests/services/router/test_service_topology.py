@@ -6,7 +6,6 @@ import random
 import re
 
 import pytest
-
 from prometheus_client import generate_latest
 
 from common.protocol import (
@@ -70,7 +69,8 @@ def test_heartbeat_samples_teach_the_link_and_change_the_route() -> None:
     # A new prompt (the first one is now cached on d: the approximate index recorded it there).
     assert _prefill_worker(svc, _prompt(1)) == "p"
     text = generate_latest(svc.metrics.registry).decode()
-    gauge = re.search(r'^splitserve_router_link_bandwidth_bytes_per_second\{dst_node="a",src_node="c"\} (\S+)$', text, re.M)
+    gauge = re.search(r'^splitserve_router_link_bandwidth_bytes_per_second\{dst_node="a",src_node="c"\} (\S+)$',
+                      text, re.M)
     assert gauge is not None and float(gauge.group(1)) == pytest.approx(1e9)
     assert 'splitserve_router_transfer_samples_total{used="yes"} 1.0' in text
     assert 'splitserve_router_transfer_samples_total{used="no"} 2.0' in text

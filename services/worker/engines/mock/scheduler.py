@@ -158,7 +158,8 @@ class Scheduler:
         """Prompt tokens still to compute: waiting sequences' (less what a load brings; prefix-cache hits are
         only known when they start) and the rest of running sequences' chunked prefills."""
         waiting = sum(len(seq.token_ids) - seq.spec.num_load_tokens for seq in self._waiting)
-        running = sum(len(seq.token_ids) - seq.num_computed_tokens for seq in self._running if not seq.num_output_tokens)
+        running = sum(len(seq.token_ids) - seq.num_computed_tokens
+                      for seq in self._running if not seq.num_output_tokens)
         return waiting + running
 
     def num_active_blocks(self) -> int:
