@@ -69,6 +69,13 @@ class RouterMetrics:
         self.worker_running.labels(worker_id=worker_id).set(load.num_running)
         self.worker_waiting.labels(worker_id=worker_id).set(load.num_waiting)
 
+    def forget_link(self, src_node: str, dst_node: str) -> None:
+        """A link back at its default: no learned figure to show."""
+        try:
+            self.link_bandwidth.remove(src_node, dst_node)
+        except KeyError:
+            pass
+
     def forget_worker(self, worker_id: str) -> None:
         for gauge in (self.worker_free_blocks, self.worker_running, self.worker_waiting):
             try:

@@ -232,8 +232,9 @@ class RouterService:
             src = self.registry.get(sample.src_worker_id) if sample.src_worker_id else None
             bandwidth = None
             if src is not None:
-                bandwidth = self.topology.record(Place(src.info.node, src.info.zone),
-                                                 Place(dst.info.node, dst.info.zone), sample.num_bytes, sample.seconds)
+                src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
+                bandwidth = self.topology.record(src_place, dst_place, sample.num_bytes, sample.seconds,
+                                                 time.monotonic())
             self.metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
             if bandwidth is not None and src is not None:
                 self.metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
@@ -330,6 +331,8 @@ class RouterService:
             if self.pending is not None:
                 self.pending.expire()
             self._expire_tiers(time.monotonic())
+            for src_node, dst_node in self.topology.expire(time.monotonic()):
+                self.metrics.forget_link(src_node, dst_node)
             for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
                 self._forget(worker_id)
                 log.warning("worker_dropped", worker_id=worker_id, reason="missed heartbeats")

@@ -27,10 +27,11 @@ class Place(NamedTuple):
 @dataclass(frozen=True)
 class TopologyConfig:
     # Defaults until a link is measured. Same node: NIXL's scattered READ within one host (the mock's
-    # TimingModel figure); same zone: a 10 Gbit/s network; other zone: 1 Gbit/s.
+    # TimingModel figure); same zone: a 100 Gbit/s RDMA network; other zone: 10 Gbit/s. They err fast on
+    # purpose: a link priced too slow is never used, so it is never measured either.
     same_node_bytes_per_s: float = 3.4e9
-    same_zone_bytes_per_s: float = 1.25e9
-    cross_zone_bytes_per_s: float = 1.25e8
+    same_zone_bytes_per_s: float = 1.25e10
+    cross_zone_bytes_per_s: float = 1.25e9
     # Fixed seconds per move (handshake, notification, first byte), added to bytes / bandwidth.
     same_node_latency_s: float = 0.0005
     same_zone_latency_s: float = 0.001
@@ -39,6 +40,9 @@ class TopologyConfig:
     window: int = 32
     # Smaller pulls time the latency, not the bandwidth: not learned from.
     min_sample_bytes: int = 64 * 1024
+    # A link with no sample for this long goes back to its default: one learned slow is otherwise never used
+    # again, so never measured again, even after it recovered.
+    sample_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("same_node_bytes_per_s", "same_zone_bytes_per_s", "cross_zone_bytes_per_s"):
@@ -47,8 +51,8 @@ class TopologyConfig:
         for name in ("same_node_latency_s", "same_zone_latency_s", "cross_zone_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.window < 1:
-            raise ValueError("window must be >= 1")
+        if self.window < 1 or not self.sample_ttl_s > 0:
+            raise ValueError("window must be >= 1 and sample_ttl_s > 0")
 
     def bytes_per_s(self, relation: Relation) -> float:
         match relation:
@@ -97,8 +101,9 @@ class Topology:
         self.config = config or TopologyConfig()
         self._samples: dict[tuple[str, str], deque[float]] = {}
         self._learned: dict[tuple[str, str], float] = {}
+        self._last_sample_s: dict[tuple[str, str], float] = {}
 
-    def record(self, src: Place, dst: Place, num_bytes: int, seconds: float) -> float | None:
+    def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0) -> float | None:
         """Learn from one finished pull; returns the link's new bandwidth, or None when the sample says
         nothing about bandwidth (too small, or no time measured: an instant mock)."""
         if num_bytes < self.config.min_sample_bytes or not seconds > 0:
@@ -113,7 +118,15 @@ class Topology:
             window = self._samples[key] = deque(maxlen=self.config.window)
         window.append(num_bytes / moving_s)
         self._learned[key] = statistics.median(window)
+        self._last_sample_s[key] = now_s
         return self._learned[key]
+
+    def expire(self, now_s: float) -> list[tuple[str, str]]:
+        """Forget links whose last sample is older than ``sample_ttl_s``; returns their (src, dst) nodes."""
+        stale = [key for key, seen_s in self._last_sample_s.items() if now_s - seen_s > self.config.sample_ttl_s]
+        for key in stale:
+            del self._learned[key], self._samples[key], self._last_sample_s[key]
+        return stale
 
     def link(self, src: Place, dst: Place) -> Link:
         rel = relation(src, dst)

@@ -83,3 +83,17 @@ def test_config_validation() -> None:
         TopologyConfig(same_zone_bytes_per_s=0)
     with pytest.raises(ValueError):
         TopologyConfig(cross_zone_latency_s=-1)
+
+
+def test_a_link_without_recent_samples_goes_back_to_its_default() -> None:
+    topology = Topology(TopologyConfig(same_zone_bytes_per_s=1e8, same_zone_latency_s=0.0, sample_ttl_s=60.0,
+                                       min_sample_bytes=1000))
+    topology.record(A1, B1, 1_000_000, 1.0, now_s=100.0)  # learned slow: 1e6 bytes/s
+    topology.record(B1, A1, 1_000_000, 1.0, now_s=150.0)
+    assert topology.expire(now_s=160.0) == []  # 60 s after the last sample: still kept
+    assert topology.link(A1, B1).bytes_per_s == pytest.approx(1e6)
+    assert topology.expire(now_s=160.5) == [("a", "b")]
+    assert topology.link(A1, B1) == Link("same_zone", 1e8, 0.0)  # the default again: it will be tried
+    assert topology.learned_links() == {("b", "a"): pytest.approx(1e6)}
+    # A new sample starts a fresh window (the old ones are gone).
+    assert topology.record(A1, B1, 1_000_000, 0.1, now_s=200.0) == pytest.approx(1e7)

@@ -125,7 +125,7 @@ class MockEngine:
         self._block_bytes = config.kv_bytes_per_token * config.block_size
         # Registered with the router, which prices a prompt's KV move with it.
         self.kv_bytes_per_token = config.kv_bytes_per_token
-        # Prefill tokens/s of recent steps that prefilled (EMA, wall time); 0 until one ran.
+        # Prefill tokens/s of recent steps that prefilled (EMA over their scaled step seconds); 0 until one ran.
         self._prefill_tokens_per_s = 0.0
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
         self._pending_events: list[KvEvent] = []
