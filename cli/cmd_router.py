@@ -40,6 +40,9 @@ def router(
                                                          "none (default: the profile's, else CostConfig's)"),
     local_prefill_factor: Optional[float] = typer.Option(None, help="kv: local prefill seconds times this (a "
                                                          "decode worker's prefill stalls its streams)"),
+    queue_aware_local: bool = typer.Option(False, help="kv: a long prefill queue sends prompts back to their "
+                                           "decode worker (default: only the prompt's own work and moving its KV "
+                                           "decide local vs remote)"),
     same_node_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth within a node "
                                                           "until measured"),
     same_zone_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth between nodes of "
@@ -65,7 +68,8 @@ def router(
                                ("same_zone_latency_s", same_zone_latency_s),
                                ("cross_zone_latency_s", cross_zone_latency_s)) if v is not None}
     cost = _cost_config(cost_profile, links, {k: v for k, v in (("prefill_tokens_per_s", prefill_tokens_per_s),
-                                                                ("local_prefill_factor", local_prefill_factor))
+                                                                ("local_prefill_factor", local_prefill_factor),
+                                                                ("queue_aware_local", queue_aware_local or None))
                                               if v is not None})
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_endpoint, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
@@ -78,7 +82,7 @@ def router(
     run_service(RouterService(config).run)
 
 
-def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[str, float]) -> CostConfig:
+def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[str, float | bool]) -> CostConfig:
     """The kv policy's cost defaults: a profile's figures if given, then each flag set over them."""
     from dataclasses import replace
 

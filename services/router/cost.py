@@ -8,6 +8,10 @@ and local prefill on D costs
 because a decode worker that prefills stalls its decode streams for the chunk's length (their inter-token
 latency pays, not this request's TTFT): the factor is that price, in seconds of this prefill.
 
+The cheapest remote worker is chosen on the whole sum (among near-equal ones, the closest). It goes local
+when its prompt's own work there (compute + move) costs more than computing the prompt on the decode worker
+(``queue_aware_local``: the queues count too).
+
 Rates are what the worker measured (``WorkerLoad.prefill_tokens_per_s``), else the configured default (seeded
 from a profile). KV bytes per token come from the worker's registration. Pure functions of their arguments:
 the topology is only read.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from common.protocol import WorkerLoad
 from common.timing import TimingModel
@@ -45,6 +49,11 @@ class CostConfig:
     # Predicted times within this fraction of the best are equal: the closer pair (same node, then same
     # zone) wins among them.
     equal_tolerance: float = 0.05
+    # True: queues count in local vs remote too, so a long prefill queue sends a prompt back to its decode
+    # worker. False (default): local vs remote weighs the prompt's own work only (moving its KV against
+    # computing it on the decode worker), and queues only pick among prefill workers; a full prefill pool
+    # still goes local at PolicyConfig.prefill_queue_limit, as before (one host keeps today's choices).
+    queue_aware_local: bool = False
     topology: TopologyConfig = field(default_factory=TopologyConfig)
 
     def __post_init__(self) -> None:
@@ -99,24 +108,35 @@ def queued_tokens(load: WorkerLoad, config: CostConfig) -> int:
     return load.num_waiting * config.waiting_request_tokens
 
 
-def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
+def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig, with_queue: bool = True) -> float:
     uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
-    compute_s = (queued_tokens(decode.load, config) + uncached) / prefill_rate(decode.load, config)
+    queued = queued_tokens(decode.load, config) if with_queue else 0
+    compute_s = (queued + uncached) / prefill_rate(decode.load, config)
     return compute_s * (config.local_prefill_factor + config.decode_interference_per_stream * decode.load.num_running)
 
 
-def remote_prefill_s(num_prompt_tokens: int, prefill: Site, decode: Site, topology: Topology,
-                     config: CostConfig) -> tuple[float, Link, float]:
-    """(predicted seconds, the link, its transfer seconds). The decode worker pulls only what it lacks."""
+class RemoteCost(NamedTuple):
+    queue_s: float  # the prefill worker's queued prompt tokens at its rate
+    compute_s: float  # this prompt's uncached tokens there
+    transfer_s: float  # the KV move to the decode worker
+    link: Link
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.compute_s + self.transfer_s
+
+
+def remote_prefill(num_prompt_tokens: int, prefill: Site, decode: Site, topology: Topology,
+                   config: CostConfig) -> RemoteCost:
+    """Prefill on ``prefill`` for ``decode``, in seconds. The decode worker pulls only what it lacks."""
     rate = prefill_rate(prefill.load, config)
     uncached = max(num_prompt_tokens - prefill.num_cached_tokens, 0)
-    compute_s = (queued_tokens(prefill.load, config) + uncached) / rate
     bytes_per_token = prefill.kv_bytes_per_token or decode.kv_bytes_per_token or config.kv_bytes_per_token
     num_bytes = max(num_prompt_tokens - decode.num_cached_tokens, 0) * bytes_per_token
     link = topology.link(prefill.place, decode.place)
     # Unknown KV size: the move is priced at its latency alone (a bandwidth cannot be applied to no bytes).
     transfer_s = link.transfer_s(num_bytes) if num_bytes else link.latency_s
-    return compute_s + transfer_s, link, transfer_s
+    return RemoteCost(queued_tokens(prefill.load, config) / rate, uncached / rate, transfer_s, link)
 
 
 def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence[Site], topology: Topology,
@@ -126,15 +146,19 @@ def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence
     local_s = local_prefill_s(num_prompt_tokens, decode, config)
     if not prefill_sites:
         return PrefillChoice(None, local_s, "no_remote", local_s)
-    priced = [(*remote_prefill_s(num_prompt_tokens, site, decode, topology, config), site)
-              for site in prefill_sites]
-    best_s = min(seconds for seconds, _, _, _ in priced)
-    near = [p for p in priced if p[0] <= best_s * (1 + config.equal_tolerance)]
-    seconds, link, transfer_s, site = min(
-        near, key=lambda p: (RELATION_RANK[p[1].relation], p[0], _load_key(p[3].load), p[3].worker_id))
-    if local_s < seconds:
+    priced = [(remote_prefill(num_prompt_tokens, site, decode, topology, config), site) for site in prefill_sites]
+    best_s = min(cost.total_s for cost, _ in priced)
+    near = [p for p in priced if p[0].total_s <= best_s * (1 + config.equal_tolerance)]
+    cost, site = min(near, key=lambda p: (RELATION_RANK[p[0].link.relation], p[0].total_s, _load_key(p[1].load),
+                                          p[1].worker_id))
+    if config.queue_aware_local:
+        go_local = local_s < cost.total_s
+    else:  # the prompt's own work on each side: moving its KV against computing it where it will decode
+        own_local_s = local_prefill_s(num_prompt_tokens, decode, config, with_queue=False)
+        go_local = own_local_s < cost.compute_s + cost.transfer_s
+    if go_local:
         return PrefillChoice(None, local_s, "local_cheaper", local_s)
-    return PrefillChoice(site.worker_id, seconds, "remote", local_s, link.relation, transfer_s)
+    return PrefillChoice(site.worker_id, cost.total_s, "remote", local_s, cost.link.relation, cost.transfer_s)
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,7 @@ def test_profile_then_flags(tmp_path: Path) -> None:
 def test_bad_value_is_a_usage_error() -> None:
     with pytest.raises(typer.BadParameter, match="same_zone_bytes_per_s"):
         _cost_config(None, {"same_zone_bytes_per_s": 0.0}, {})
+
+
+def test_queue_aware_flag() -> None:
+    assert _cost_config(None, {}, {"queue_aware_local": True}).queue_aware_local is True

@@ -7,7 +7,7 @@ zone 0.2 + 0.01 s. At 10,000 bytes/token (2e7 bytes): same zone 0.2 + 0.002 s, o
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -80,12 +80,6 @@ LEARNED_SLOW_SAME_ZONE = [(B1, A1, 20_000_000, 2.002)]  # 1e7 bytes/s on a link 
         # cross-zone case above), b -> a learned fast would not change it.
         pytest.param(DECODE_A_BIG, [site("p", C2, kv=10_000)], [(B1, A1, 20_000_000, 0.022)],
                      PrefillChoice(None, 3.0, "local_cheaper", 3.0), id="unknown-pair-uses-defaults"),
-        # 4,000 tokens queued on the prefill worker: 6.003 s > 3.0 s.
-        pytest.param(DECODE_A, [site("p", A1, load=WorkerLoad(num_waiting=2, num_waiting_tokens=4000))], [],
-                     PrefillChoice(None, 3.0, "local_cheaper", 3.0), id="queued-prefill-work-local"),
-        # An engine that counts no tokens (-1): 2 waiting requests * 1,024 = 2,048 tokens, 4.051 s.
-        pytest.param(DECODE_A, [site("p", A1, load=WorkerLoad(num_waiting=2))], [],
-                     PrefillChoice(None, 3.0, "local_cheaper", 3.0), id="queued-requests-estimated"),
         # Measured 4,000 tokens/s: 0.5 + 0.003 s.
         pytest.param(DECODE_A, [site("p", A1, load=WorkerLoad(num_waiting_tokens=0, prefill_tokens_per_s=4000.0))],
                      [], PrefillChoice("p", 0.503, "remote", 3.0, "same_node", 0.003), id="measured-rate"),
@@ -107,6 +101,35 @@ def test_choose_prefill(decode: Site, prefill: list[Site], samples: list, expect
     for src, dst, num_bytes, seconds in samples:
         assert topology.record(src, dst, num_bytes, seconds) is not None
     assert same(choose_prefill(PROMPT, decode, prefill, topology, CONFIG), expected)
+
+
+QUEUED_4000 = WorkerLoad(num_waiting=2, num_waiting_tokens=4000)
+QUEUED_2_REQUESTS = WorkerLoad(num_waiting=2)  # an engine that counts no tokens (-1): 2 * 1,024 tokens
+
+
+@pytest.mark.parametrize(
+    ("load", "queue_aware", "expected"),
+    [
+        # Remote 4.0 s queue + 2.003 s = 6.003 s. By default the prompt's own work decides (2.003 < 3.0 s):
+        # remote, and the queue only ranks prefill workers.
+        (QUEUED_4000, False, PrefillChoice("p", 6.003, "remote", 3.0, "same_node", 0.003)),
+        # Queue-aware: 6.003 s > 3.0 s local.
+        (QUEUED_4000, True, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+        (QUEUED_2_REQUESTS, False, PrefillChoice("p", 4.051, "remote", 3.0, "same_node", 0.003)),
+        (QUEUED_2_REQUESTS, True, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+    ],
+)
+def test_prefill_queue(load: WorkerLoad, queue_aware: bool, expected: PrefillChoice) -> None:
+    config = replace(CONFIG, queue_aware_local=queue_aware)
+    choice = choose_prefill(PROMPT, DECODE_A, [site("p", A1, load=load)], Topology(TOPOLOGY), config)
+    assert same(choice, expected)
+
+
+def test_queue_ranks_prefill_workers() -> None:
+    # p1 holds 1,000 tokens of the prompt (1.0 + 0.003 s) but has 2,000 queued (2.0 s); p2 is idle, 2.003 s.
+    sites = [site("p1", A1, cached=1000, load=WorkerLoad(num_waiting_tokens=2000)), site("p2", A1)]
+    choice = choose_prefill(PROMPT, DECODE_A, sites, Topology(TOPOLOGY), CONFIG)
+    assert same(choice, PrefillChoice("p2", 2.003, "remote", 3.0, "same_node", 0.003))
 
 
 def test_few_decode_streams_keep_the_slow_link_local() -> None:

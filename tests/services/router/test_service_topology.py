@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -29,8 +30,8 @@ TOPOLOGY = TopologyConfig(same_zone_bytes_per_s=1e8, cross_zone_bytes_per_s=1e7,
 COST = CostConfig(prefill_tokens_per_s=1000.0, local_prefill_factor=1.5, topology=TOPOLOGY)
 
 
-def _router() -> RouterService:
-    svc = RouterService(RouterConfig(policy=PolicyConfig(cost=COST), pending_ttl_s=0.0))
+def _router(cost: CostConfig = COST) -> RouterService:
+    svc = RouterService(RouterConfig(policy=PolicyConfig(cost=cost), pending_ttl_s=0.0))
     svc.events_endpoint = "tcp://127.0.0.1:9"
     for worker_id, role, node, zone in [("d", "decode", "a", "z1"), ("p", "prefill", "c", "z2")]:
         info = WorkerInfo(worker_id=worker_id, role=role, model="m", block_size=16, num_blocks=1000,
@@ -79,7 +80,7 @@ def test_heartbeat_samples_teach_the_link_and_change_the_route() -> None:
 
 
 def test_routed_tokens_count_as_queued_until_the_next_report() -> None:
-    svc = _router()
+    svc = _router(replace(COST, queue_aware_local=True))
     svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)  # fast link: remote is cheaper
     for worker_id in ("p", "d"):  # both count queued tokens: 0 now
         assert svc.handle(b"w", Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
