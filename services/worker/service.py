@@ -200,7 +200,8 @@ class WorkerService:
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
                     num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
                     transfer_seconds_total=c.transfer_seconds_total,
-                    num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=c.recent_transfers))
+                    num_transfer_descriptors=c.num_transfer_descriptors,
+                    recent_transfers=self._transfer_sources.named(c.recent_transfers)))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 

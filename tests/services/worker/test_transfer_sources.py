@@ -49,3 +49,15 @@ def test_a_pull_from_the_interval_before_still_counts() -> None:
     # Two intervals later, only q's pull is still possible: nothing was pulling since.
     assert sources_of(sources.new_samples((sample(2),))) == [(2, "q")]
     assert sources_of(sources.new_samples((sample(3),))) == [(3, "")]
+
+
+def test_filled_sources_are_remembered_for_stats() -> None:
+    sources = TransferSources()
+    sources.started("r1", "p")
+    sources.new_samples((sample(1),))
+    sources.finished("r1")
+    sources.new_samples(())
+    sources.started("r2", "q")
+    sources.started("r3", "p")
+    sources.new_samples((sample(1), sample(2)))  # 2 could be from q or p: left unnamed
+    assert sources_of(sources.named((sample(1), sample(2), sample(3, "q")))) == [(1, "p"), (2, ""), (3, "q")]
