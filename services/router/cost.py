@@ -19,9 +19,9 @@ the topology is only read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from common.protocol import WorkerLoad
 from common.timing import TimingModel
@@ -170,18 +170,38 @@ class PairChoice:
 def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_sites: Sequence[Site],
                 topology: Topology, config: CostConfig) -> PairChoice:
     """Among decode workers the kv policy found equal, the one whose best prefill is fastest; near-equal
-    pairs go to the closest (local prefill counts as same node), then the faster, then the less loaded."""
+    pairs go to the closest (local prefill counts as same node), then the faster, then the less loaded.
+
+    Priced per place, not per worker, so a route stays cheap in a large cluster: of the prefill workers at
+    one place only the one with the least own work can win (they share every link), and of the decode workers
+    at one place the least loaded stands for them (as the kv policy's tie-break would pick it).
+    """
     if not decode_sites:
         raise ValueError("choose_pair needs a decode site")
+    decode_reps = _best_per_place(decode_sites, lambda s: (_load_key(s.load), s.worker_id))
+    def own_work_s(site: Site) -> float:  # queue + compute: all that differs between workers at one place
+        uncached = max(num_prompt_tokens - site.num_cached_tokens, 0)
+        return (queued_tokens(site.load, config) + uncached) / prefill_rate(site.load, config)
+
+    prefill_reps = _best_per_place(prefill_sites, lambda s: (own_work_s(s), _load_key(s.load), s.worker_id))
     pairs = []
-    for decode in decode_sites:
-        pool = [s for s in prefill_sites if s.worker_id != decode.worker_id]
+    for decode in decode_reps:
+        pool = [s for s in prefill_reps if s.worker_id != decode.worker_id]
         pairs.append((choose_prefill(num_prompt_tokens, decode, pool, topology, config), decode))
     best_s = min(choice.predicted_s for choice, _ in pairs)
     near = [p for p in pairs if p[0].predicted_s <= best_s * (1 + config.equal_tolerance)]
     choice, decode = min(near, key=lambda p: (RELATION_RANK[p[0].relation], p[0].predicted_s,
                                               _load_key(p[1].load), p[1].worker_id))
     return PairChoice(decode.worker_id, choice)
+
+
+def _best_per_place(sites: Sequence[Site], key: Callable[[Site], Any]) -> list[Site]:
+    best: dict[Place, Site] = {}
+    for site in sites:
+        held = best.get(site.place)
+        if held is None or key(site) < key(held):
+            best[site.place] = site
+    return list(best.values())
 
 
 def _load_key(load: WorkerLoad) -> tuple[int, int]:

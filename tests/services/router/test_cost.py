@@ -155,6 +155,12 @@ def test_few_decode_streams_keep_the_slow_link_local() -> None:
                      [site("pb", B1), site("pc", C2, load=WorkerLoad(num_waiting_tokens=2000))],
                      PairChoice("da", PrefillChoice("pb", 2.022, "remote", 3.0, "same_zone", 0.022)),
                      id="pair-busy-same-node-loses"),
+        # Two prefill workers on c, one busy; two decode workers on c, one with a stream: the idle ones pair.
+        pytest.param([site("da", A1), site("dc1", C2, load=WorkerLoad(num_running=1, num_waiting_tokens=0)),
+                      site("dc2", C2)],
+                     [site("pc1", C2, load=WorkerLoad(num_waiting_tokens=2000)), site("pc2", C2)],
+                     PairChoice("dc2", PrefillChoice("pc2", 2.003, "remote", 3.0, "same_node", 0.003)),
+                     id="pair-within-a-place"),
     ],
 )
 def test_choose_pair(decode: list[Site], prefill: list[Site], expected: PairChoice) -> None:
