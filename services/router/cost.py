@@ -27,8 +27,9 @@ from common.protocol import WorkerLoad
 from common.timing import TimingModel
 from services.router.topology import RELATION_RANK, Link, Place, Relation, Topology, TopologyConfig
 
-# remote: the cheapest remote pair (ties -> the closest); local_cheaper: moving the KV (or the prefill
-# worker's queue) costs more than computing on the decode worker; no_remote: no prefill worker to price.
+# remote: the cheapest remote pair (ties -> the closest); local_cheaper: computing the prompt remotely and
+# moving its KV (with queue_aware_local: and the queues) costs more than computing it on the decode worker;
+# no_remote: no prefill worker to price.
 CostReason = Literal["remote", "local_cheaper", "no_remote"]
 # Prompt length at which a profile's prefill rate is read: a typical chunk, past the per-step overhead.
 PROFILE_RATE_TOKENS = 1024
