@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -19,6 +19,9 @@ from cli.options import (
 )
 from cli.runner import run_service
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+
+if TYPE_CHECKING:
+    from services.router.cost import CostConfig
 
 
 def router(
@@ -38,6 +41,24 @@ def router(
                                                    "decode blocks (default: PolicyConfig's)"),
     busy_threshold: Optional[float] = typer.Option(None, help="kv: skip workers with more of their KV in use "
                                                    "than this fraction (default: PolicyConfig's)"),
+    cost_profile: Optional[Path] = typer.Option(None, help="kv: seed the prefill rate and the same-node link "
+                                                "from a profile (splitserve profile's JSON)"),
+    prefill_tokens_per_s: Optional[float] = typer.Option(None, help="kv: prefill rate of workers that report "
+                                                         "none (default: the profile's, else CostConfig's)"),
+    local_prefill_factor: Optional[float] = typer.Option(None, help="kv: local prefill seconds times this (a "
+                                                         "decode worker's prefill stalls its streams)"),
+    queue_aware_local: bool = typer.Option(False, help="kv: a long prefill queue sends prompts back to their "
+                                           "decode worker (default: only the prompt's own work and moving its KV "
+                                           "decide local vs remote)"),
+    same_node_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth within a node "
+                                                          "until measured"),
+    same_zone_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth between nodes of "
+                                                          "one zone until measured"),
+    cross_zone_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth between zones "
+                                                           "until measured"),
+    same_node_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move within a node"),
+    same_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move in a zone"),
+    cross_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move across zones"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -51,13 +72,37 @@ def router(
     configure_logging(log_level, log_json, "router")
     address_checked(check_advertised, events_advertise, "--events-advertise")
     events_bind = events_endpoint or address_checked(default_events_bind, endpoint)
+    links = {k: v for k, v in (("same_node_bytes_per_s", same_node_bytes_per_s),
+                               ("same_zone_bytes_per_s", same_zone_bytes_per_s),
+                               ("cross_zone_bytes_per_s", cross_zone_bytes_per_s),
+                               ("same_node_latency_s", same_node_latency_s),
+                               ("same_zone_latency_s", same_zone_latency_s),
+                               ("cross_zone_latency_s", cross_zone_latency_s)) if v is not None}
+    cost = _cost_config(cost_profile, links, {k: v for k, v in (("prefill_tokens_per_s", prefill_tokens_per_s),
+                                                                ("local_prefill_factor", local_prefill_factor),
+                                                                ("queue_aware_local", queue_aware_local or None))
+                                              if v is not None})
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_bind, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
                           metrics_host=metrics_host,
                           transport=transport(curve_dir),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
+                                              cost=cost,
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),
                                                                    ("busy_threshold", busy_threshold))
                                                  if v is not None}))
     run_service(RouterService(config).run)
 
+
+def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[str, float | bool]) -> CostConfig:
+    """The kv policy's cost defaults: a profile's figures if given, then each flag set over them."""
+    from dataclasses import replace
+
+    from services.planner.profile import load_timing
+    from services.router.cost import CostConfig
+
+    base = CostConfig.from_timing(load_timing(profile)) if profile is not None else CostConfig()
+    try:
+        return replace(base, topology=replace(base.topology, **links), **overrides)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc

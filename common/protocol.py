@@ -63,6 +63,11 @@ class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
     num_total_blocks: int = 0
     # Blocks held by sequences that are decoding (the router's load term).
     num_active_blocks: int = 0
+    # Prompt tokens queued for prefill (waiting requests, and the rest of chunked prefills); -1: the engine
+    # does not count them (the router then estimates from num_waiting).
+    num_waiting_tokens: int = -1
+    # Prefill throughput the engine measured lately, tokens/s; 0: not measured (the router uses its default).
+    prefill_tokens_per_s: float = 0.0
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -83,6 +88,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # router prices KV moves between nodes by the link between them (same node: shared memory, no wire).
     node: str = ""
     zone: str = ""
+    # Bytes of KV one token occupies on this engine (all layers, K and V); 0: unknown. The router prices a
+    # prefilled prompt's move at num_tokens * this over the link.
+    kv_bytes_per_token: int = 0
 
 
 # ------------------------------------------------------------------------------------------ worker <-> router
@@ -109,6 +117,8 @@ class Heartbeat(_Msg, frozen=True):
     seq: int = 0
     # The worker is draining (SIGTERM or a scale-down): route nothing new to it; it exits once idle.
     draining: bool = False
+    # KV pulls finished since the previous heartbeat, oldest first (the router learns link bandwidths from them).
+    transfers: tuple[TransferSample, ...] = ()
 
 
 class Unregister(_Msg, frozen=True):
@@ -195,6 +205,8 @@ class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
     num_bytes: int
     num_descriptors: int = 0  # after NIXL merged adjacent blocks; 0 where unknown (mock)
     post_seconds: float = 0.0  # inside the post call (NIXL on CPU copies there); 0 where unknown
+    # Worker the KV was pulled from (KvTransferParams.remote_engine_id = the prefill worker's id); "" unknown.
+    src_worker_id: str = ""
 
 
 class WorkerStats(_Msg, frozen=True):

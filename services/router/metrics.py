@@ -41,6 +41,18 @@ class RouterMetrics:
         # Constant 1 per registered worker; its labels say where it runs (join on worker_id).
         self.worker_info = Gauge("splitserve_router_worker_info", "Registered workers and where they run",
                                  ["worker_id", "role", "node", "zone"], registry=r)
+        self.predicted_prefill_seconds = Histogram(
+            "splitserve_router_predicted_prefill_seconds",
+            "kv policy: predicted seconds until a routed prompt's KV is on its decode worker (queue + prefill + move)",
+            ["where", "relation"], registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+        self.link_bandwidth = Gauge(
+            "splitserve_router_link_bandwidth_bytes_per_second",
+            "KV pull bandwidth learned per node pair (median of recent decode-worker samples)",
+            ["src_node", "dst_node"], registry=r)
+        self.transfer_samples = Counter(
+            "splitserve_router_transfer_samples", "KV pull samples reported by workers, by whether a link learned "
+            "from them", ["used"], registry=r)
         self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
                                     ["worker_id"], registry=r)
 
@@ -51,6 +63,9 @@ class RouterMetrics:
         # Tier-weighted overlaps (device + 0.75 host + 0.25 disk), as the cost function sees them.
         self.predicted_hit_blocks.inc(choice.decode.overlap_blocks)
         self.best_overlap_blocks.inc(choice.decode.best_overlap_blocks)
+        if choice.predicted_s > 0:
+            self.predicted_prefill_seconds.labels(where="remote" if choice.prefill_worker_id else "local",
+                                                  relation=choice.relation).observe(choice.predicted_s)
 
     def observe_load(self, worker_id: str, load: WorkerLoad) -> None:
         self.worker_free_blocks.labels(worker_id=worker_id).set(load.num_free_blocks)
@@ -65,6 +80,13 @@ class RouterMetrics:
         for labels in [s.labels for m in self.worker_info.collect() for s in m.samples
                        if s.labels.get("worker_id") == worker_id]:
             self.worker_info.remove(labels["worker_id"], labels["role"], labels["node"], labels["zone"])
+
+    def forget_link(self, src_node: str, dst_node: str) -> None:
+        """A link back at its default: no learned figure to show."""
+        try:
+            self.link_bandwidth.remove(src_node, dst_node)
+        except KeyError:
+            pass
 
     def forget_worker(self, worker_id: str) -> None:
         self.forget_worker_info(worker_id)

@@ -9,24 +9,31 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.router.cost import CostConfig, Site, choose_pair, choose_prefill, local_prefill_s
 from services.router.index import TierOverlap
+from services.router.topology import Place, Relation, Topology
 
 PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
 # lowest_cost / sampled: kv policy at temperature 0 / above 0; the others name their policy.
 ChoiceReason = Literal["lowest_cost", "sampled", "round_robin", "random", "least_loaded"]
-PrefillReason = Literal["no_prefill_pool", "short_uncached", "prefill_saturated", "remote"]
+# local_cheaper: the kv policy priced moving the KV (or the prefill queue) above prefilling on the decode worker.
+PrefillReason = Literal["no_prefill_pool", "short_uncached", "prefill_saturated", "remote", "local_cheaper"]
 
 
 @dataclass(frozen=True)
 class Candidate:
     worker_id: str
     load: WorkerLoad
+    # Where it runs (WorkerInfo.node / zone) and its KV bytes per token (0: unknown), for the seconds cost.
+    node: str = ""
+    zone: str = ""
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class PolicyConfig:
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     # The prefill pool is saturated when every prefill worker has at least this many requests waiting.
     prefill_queue_limit: int = 8
+    # kv policy: local vs remote prefill, and which prefill worker, in predicted seconds (services/router/cost.py).
+    cost: CostConfig = field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
         if self.policy not in ("kv", "round-robin", "random", "least-loaded"):
@@ -88,6 +97,10 @@ class RouteChoice:
     reason: PrefillReason
     decode: Choice
     prefill: Choice | None = None
+    # kv policy: predicted seconds until the prompt's KV is ready on the decode worker (0: not priced), and
+    # the link the KV crosses ("same_node" when prefilled locally).
+    predicted_s: float = 0.0
+    relation: Relation = "same_node"
 
 
 def load_key(load: WorkerLoad) -> tuple[int, int]:
@@ -204,8 +217,10 @@ def decide_prefill(
 
 
 class Policy:
-    def __init__(self, config: PolicyConfig, seed: int = 0) -> None:
+    def __init__(self, config: PolicyConfig, seed: int = 0, topology: Topology | None = None) -> None:
         self.config = config
+        # Read here, learned by the router service from the workers' transfer samples.
+        self.topology = topology if topology is not None else Topology(config.cost.topology)
         self._rng = random.Random(seed)
         # Separate counters: round-robin over decode workers must not skip with the prefill pool's turns.
         self._rr_decode = 0
@@ -231,18 +246,67 @@ class Policy:
         num_blocks = max(-(-num_prompt_tokens // block_size), len(hashes))  # ceil: a partial block is work
         decode = choose_worker(decode_candidates, overlaps, num_blocks, config, self._rng, self._rr_decode)
         self._rr_decode += 1
+        kv = config.policy == "kv"
+        if kv and config.temperature == 0:
+            decode = self._pair_among_equals(decode, decode_candidates, prefill_candidates, overlaps,
+                                             num_prompt_tokens, num_blocks, block_size)
+        by_id = {c.worker_id: c for c in (*decode_candidates, *prefill_candidates)}
         cached_on_decode = _cached_tokens(overlaps.get(decode.worker_id), block_size, num_prompt_tokens)
+        decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
         decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config)
         if not decision.remote:
-            return RouteChoice(decode.worker_id, None, cached_on_decode, decision.reason, decode)
+            local_s = local_prefill_s(num_prompt_tokens, decode_site, config.cost) if kv else 0.0
+            return RouteChoice(decode.worker_id, None, cached_on_decode, decision.reason, decode, predicted_s=local_s)
         # Not saturated means some prefill worker has queue room: choose among those.
         open_pool = [c for c in pool if c.load.num_waiting < config.prefill_queue_limit]
-        prefill = choose_worker(open_pool, overlaps, num_blocks, config, self._rng, self._rr_prefill)
-        self._rr_prefill += 1
+        if not kv:
+            prefill = choose_worker(open_pool, overlaps, num_blocks, config, self._rng, self._rr_prefill)
+            self._rr_prefill += 1
+            cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
+            return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
+        sites = [_site(c, overlaps, block_size, config) for c in open_pool]
+        priced = choose_prefill(num_prompt_tokens, decode_site, sites, self.topology, config.cost)
+        if priced.worker_id is None:
+            return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
+                               predicted_s=priced.predicted_s)
+        # The chosen worker's block cost and credit, as the other policies report them (metrics compare on it).
+        scored = _score(open_pool, overlaps, num_blocks, config)
+        cost, credit, _ = next(s for s in scored if s[2].worker_id == priced.worker_id)
+        prefill = Choice(priced.worker_id, cost, credit, "lowest_cost", max(c for _, c, _ in scored))
         cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
-        return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
+        return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill,
+                           predicted_s=priced.predicted_s, relation=priced.relation)
+
+    def _pair_among_equals(self, decode: Choice, decode_candidates: Sequence[Candidate],
+                           prefill_candidates: Sequence[Candidate], overlaps: Mapping[str, TierOverlap],
+                           num_prompt_tokens: int, num_blocks: int, block_size: int) -> Choice:
+        """With workers on several nodes, decode workers of equal kv cost are told apart by their best
+        prefill pair in seconds (the closer pair among equal ones). On one node: the kv choice as it was."""
+        nodes = {c.node for c in decode_candidates} | {c.node for c in prefill_candidates}
+        if len(nodes) < 2 or not prefill_candidates:
+            return decode
+        config = self.config
+        eligible = [c for c in decode_candidates if not is_busy(c.load, config.busy_threshold)] or decode_candidates
+        scored = _score(eligible, overlaps, num_blocks, config)
+        ties = [s for s in scored if s[0] == decode.cost]
+        if len(ties) < 2:
+            return decode
+        open_pool = [_site(c, overlaps, block_size, config) for c in prefill_candidates
+                     if c.load.num_waiting < config.prefill_queue_limit]
+        pair = choose_pair(num_prompt_tokens, [_site(c, overlaps, block_size, config) for _, _, c in ties], open_pool,
+                           self.topology, config.cost)
+        _, credit, _ = next(s for s in ties if s[2].worker_id == pair.decode_worker_id)
+        return Choice(pair.decode_worker_id, decode.cost, credit, decode.reason, decode.best_overlap_blocks,
+                      decode.all_busy)
+
+
+def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig) -> Site:
+    overlap = overlaps.get(candidate.worker_id)
+    credit = overlap.credit(config.host_credit, config.disk_credit) if overlap is not None else 0.0
+    return Site(candidate.worker_id, candidate.load, Place(candidate.node, candidate.zone),
+                candidate.kv_bytes_per_token, int(credit * block_size))
 
 
 def _cached_tokens(overlap: TierOverlap | None, block_size: int, num_prompt_tokens: int) -> int:

@@ -24,6 +24,8 @@ class WorkerEntry:
     # Requests routed here since the worker's last load report. Reports lag by up to one heartbeat, and a
     # burst would otherwise all land on the worker that looked idlest; the next report replaces the guess.
     num_routed_since_report: int = 0
+    # Prompt tokens those routes asked this worker to prefill (added to its queued tokens likewise).
+    num_tokens_routed_since_report: int = 0
     # Draining workers get no new routes; they stay listed until they unregister or go silent.
     draining: bool = False
 
@@ -69,13 +71,16 @@ class Registry:
         if entry is None:
             return False
         self._workers[worker_id] = replace(entry, load=load, last_seen_s=now_s, num_routed_since_report=0,
-                                           draining=draining)
+                                           num_tokens_routed_since_report=0, draining=draining)
         return True
 
-    def note_routed(self, worker_id: str) -> None:
+    def note_routed(self, worker_id: str, num_prefill_tokens: int = 0) -> None:
+        """A request was routed here, with ``num_prefill_tokens`` prompt tokens for it to compute."""
         entry = self._workers.get(worker_id)
         if entry is not None:
-            self._workers[worker_id] = replace(entry, num_routed_since_report=entry.num_routed_since_report + 1)
+            self._workers[worker_id] = replace(
+                entry, num_routed_since_report=entry.num_routed_since_report + 1,
+                num_tokens_routed_since_report=entry.num_tokens_routed_since_report + num_prefill_tokens)
 
     def expire(self, now_s: float, timeout_s: float) -> list[str]:
         """Drop workers silent for longer than ``timeout_s``; returns their ids."""
@@ -94,10 +99,16 @@ class Registry:
         ]
 
     def effective_load(self, entry: WorkerEntry) -> WorkerLoad:
-        """The last report plus requests routed since, counted as waiting."""
+        """The last report plus requests routed since, counted as waiting (and their prompt tokens as queued,
+        where the engine counts queued tokens)."""
         if entry.num_routed_since_report == 0:
             return entry.load
-        return msgspec.structs.replace(entry.load, num_waiting=entry.load.num_waiting + entry.num_routed_since_report)
+        load = entry.load
+        waiting_tokens = load.num_waiting_tokens
+        if waiting_tokens >= 0:
+            waiting_tokens += entry.num_tokens_routed_since_report
+        return msgspec.structs.replace(load, num_waiting=load.num_waiting + entry.num_routed_since_report,
+                                       num_waiting_tokens=waiting_tokens)
 
     def models(self) -> list[str]:
         return sorted({e.info.model for e in self._workers.values()})

@@ -30,6 +30,7 @@ from common.protocol import (
     RegisterWorker,
     Route,
     RouteRequest,
+    TransferSample,
     Unregister,
     WorkerList,
     WorkerRef,
@@ -43,6 +44,7 @@ from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
+from services.router.topology import Place, Topology
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +89,9 @@ class RouterService:
         # Each registered tier's registration as sent (its endpoint, node and zone).
         self._tier_info: dict[str, RegisterTier] = {}
         self.events_endpoint = ""
-        self.policy = Policy(config.policy, seed=config.seed)
+        # Link bandwidths learned from the decode workers' pulls; the kv policy prices KV moves with it.
+        self.topology = Topology(config.policy.cost.topology)
+        self.policy = Policy(config.policy, seed=config.seed, topology=self.topology)
         self.metrics = RouterMetrics()
         self._server: Server | None = None
         self.endpoint = ""
@@ -157,6 +161,8 @@ class RouterService:
                     log.info("worker_draining", worker_id=worker_id, num_running=load.num_running,
                              num_waiting=load.num_waiting)
                 self.metrics.observe_load(worker_id, load)
+                if msg.transfers:
+                    self._learn_links(worker_id, msg.transfers)
                 return None
             case RegisterWorker(request_id=rid, info=info):
                 try:
@@ -212,13 +218,15 @@ class RouterService:
             choice = self.policy.choose_route(hashes, len(req.token_ids), block_size, decode, prefill, overlaps)
         except NoWorkerError as exc:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
-        self.registry.note_routed(choice.decode_worker_id)
+        num_uncached = max(len(req.token_ids) - choice.num_cached_tokens_predicted, 0)
+        local = choice.prefill_worker_id is None
+        self.registry.note_routed(choice.decode_worker_id, num_uncached if local else 0)
         if hashes:
             self.event_watch.routed(choice.decode_worker_id)
         self._note_approx(choice.decode_worker_id, hashes)
         prefill_ref = None
         if choice.prefill_worker_id is not None:
-            self.registry.note_routed(choice.prefill_worker_id)
+            self.registry.note_routed(choice.prefill_worker_id, num_uncached)
             self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
         self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
@@ -227,10 +235,27 @@ class RouterService:
 
     def _candidates(self, model: str, roles: frozenset, exclude: tuple[str, ...]) -> list[Candidate]:
         return [
-            Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e))
+            Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e), node=e.info.node,
+                      zone=e.info.zone, kv_bytes_per_token=e.info.kv_bytes_per_token)
             for e in self.registry.workers(model, roles)
             if e.info.worker_id not in exclude and not e.draining
         ]
+
+    def _learn_links(self, worker_id: str, samples: tuple[TransferSample, ...]) -> None:
+        """Feed a decode worker's pulls to the link from each source's node to its own. A source the
+        registry does not know (unattributed, or gone since) teaches nothing."""
+        dst = self.registry.get(worker_id)
+        assert dst is not None  # the heartbeat was just recorded
+        for sample in samples:
+            src = self.registry.get(sample.src_worker_id) if sample.src_worker_id else None
+            bandwidth = None
+            if src is not None:
+                src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
+                bandwidth = self.topology.record(src_place, dst_place, sample.num_bytes, sample.seconds,
+                                                 time.monotonic())
+            self.metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
+            if bandwidth is not None and src is not None:
+                self.metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
 
     def _ref(self, worker_id: str) -> WorkerRef:
         entry = self.registry.get(worker_id)
@@ -327,6 +352,8 @@ class RouterService:
             if self.pending is not None:
                 self.pending.expire()
             self._expire_tiers(time.monotonic())
+            for src_node, dst_node in self.topology.expire(time.monotonic()):
+                self.metrics.forget_link(src_node, dst_node)
             for worker_id in self.registry.expire(time.monotonic(), self.config.heartbeat_timeout_s):
                 self._forget(worker_id)
                 log.warning("worker_dropped", worker_id=worker_id, reason="missed heartbeats")

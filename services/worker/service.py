@@ -45,6 +45,7 @@ from common.transport import Client, Server, TransportConfig, new_id, open_conte
 from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
 from services.worker.metrics import WorkerMetrics
+from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +98,8 @@ class WorkerService:
                         if hasattr(engine, "drain_kv_events") else None)
         self._ctx: zmq.asyncio.Context | None = None
         self.metrics = WorkerMetrics(config.worker_id, config.role)
+        # Pulls not yet reported to the router, and where each came from.
+        self._transfer_sources = TransferSources()
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -210,7 +213,8 @@ class WorkerService:
                     num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
                     num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
                     transfer_seconds_total=c.transfer_seconds_total,
-                    num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=c.recent_transfers,
+                    num_transfer_descriptors=c.num_transfer_descriptors,
+                    recent_transfers=self._transfer_sources.named(c.recent_transfers),
                     num_prompt_tokens_computed=c.num_prompt_tokens_computed,
                     num_prompt_tokens_cached=c.num_prompt_tokens_cached,
                     num_prompt_tokens_pulled=c.num_prompt_tokens_pulled))
@@ -223,8 +227,11 @@ class WorkerService:
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
         request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                                 prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer)
+        if msg.kv_transfer is not None:
+            self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
         try:
             async for out in self.engine.generate(request):
+                self._transfer_sources.finished(msg.request_id)
                 tokens = Tokens(
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
@@ -253,6 +260,7 @@ class WorkerService:
         finally:
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)
+            self._transfer_sources.finished(msg.request_id)
 
     def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
         """A one-off reply; dropped (logged) if the requester is gone or its queue is full."""
@@ -275,6 +283,8 @@ class WorkerService:
             endpoint=self.endpoint, engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
             max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
             node=self.config.node, zone=self.config.zone,
+            # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
+            kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0),
         )
 
     async def _register(self) -> None:
@@ -327,9 +337,11 @@ class WorkerService:
         assert self._router is not None
         self._heartbeat_seq += 1
         load = self.engine.load()
-        self._refresh_counters(load)
+        counters = self._refresh_counters(load)
+        transfers = self._transfer_sources.new_samples(counters.recent_transfers)
         try:
             self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=load,
-                                               seq=self._heartbeat_seq, draining=self._draining))
+                                               seq=self._heartbeat_seq, draining=self._draining,
+                                               transfers=transfers))
         except zmq.Again:  # router unreachable and our queue full: the next beat will do
             pass

@@ -20,13 +20,15 @@ class TransferLog:
         self._recent: deque[TransferSample] = deque(maxlen=max_recent)
         self._undrained_s: list[float] = []
 
-    def record(self, seconds: float, num_bytes: int, num_descriptors: int = 0, post_seconds: float = 0.0) -> None:
+    def record(self, seconds: float, num_bytes: int, num_descriptors: int = 0, post_seconds: float = 0.0,
+               src_worker_id: str = "") -> None:
         self.num_transfers += 1
         self.num_bytes += num_bytes
         self.num_descriptors += num_descriptors
         self.seconds_total += seconds
         self._recent.append(TransferSample(seq=self.num_transfers, seconds=seconds, num_bytes=num_bytes,
-                                           num_descriptors=num_descriptors, post_seconds=post_seconds))
+                                           num_descriptors=num_descriptors, post_seconds=post_seconds,
+                                           src_worker_id=src_worker_id))
         self._undrained_s.append(seconds)
 
     def recent(self) -> tuple[TransferSample, ...]:

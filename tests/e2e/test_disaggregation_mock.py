@@ -7,10 +7,14 @@ import re
 import urllib.request
 
 import httpx
+import pytest
 
-from tests.graph import Graph, wait_until, worker_stats
+from common.timing import TimingModel
+from services.router.topology import TopologyConfig
 from tests.e2e.test_openai_api import MODEL, client
+from tests.graph import Graph, wait_until, worker_stats
 
+MOCK_KV_BYTES_PER_TOKEN = 36864  # MockEngineConfig's default
 LONG_PROMPT = list(range(100, 100 + 700))  # 700 tokens: above the local-prefill threshold (256)
 
 
@@ -37,6 +41,32 @@ def test_long_prompt_prefills_remotely_short_locally(mock_pd: Graph) -> None:
     assert metric(mock_pd, 'splitserve_frontend_prefill_decisions_total{where="remote"}') == remote_before + 1
     assert metric(mock_pd, 'splitserve_frontend_prefill_decisions_total{where="local"}') == local_before + 1
     assert sum(s.num_transfers for s in worker_stats(mock_pd.router).values()) == transfers_before + 1
+
+
+def test_kv_router_prefills_remotely_and_learns_the_link(mock_pd_kv: tuple[Graph, int]) -> None:
+    graph, metrics_port = mock_pd_kv
+    prompt = [5000 + i for i in range(700)]
+    client(graph).completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+    stats = worker_stats(graph.router)
+    (decode_id,) = [wid for wid, s in stats.items() if s.num_transfers]
+    (prefill_id,) = [wid for wid in stats if wid != decode_id]
+    # The decode worker's pull names the prefill worker it came from ...
+    assert [(t.num_bytes, t.src_worker_id) for t in stats[decode_id].recent_transfers] == [
+        (700 * MOCK_KV_BYTES_PER_TOKEN, prefill_id)]
+
+    def router_metric(name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+            text = resp.read().decode()
+        return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+    # ... and reaches the router with a heartbeat, which learns the link's bandwidth from it: the mock's
+    # modelled pull time at --mock-speedup 10, less the router's same-node latency (capped at half the pull).
+    num_bytes = 700 * MOCK_KV_BYTES_PER_TOKEN
+    pull_s = TimingModel(speedup=10).transfer_s(num_bytes)
+    moving_s = max(pull_s - TopologyConfig().same_node_latency_s, pull_s / 2)
+    assert wait_until(lambda: router_metric('splitserve_router_transfer_samples_total{used="yes"}') == 1.0)
+    assert router_metric("splitserve_router_link_bandwidth_bytes_per_second") == pytest.approx(num_bytes / moving_s)
+    assert router_metric('splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="remote"}') == 1
 
 
 def test_client_disconnect_frees_every_block(mock_pd: Graph) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import REPO, Graph, start_graph, worker_stats
+from tests.e2e.test_planner_mock import list_workers
+from tests.graph import REPO, Graph, start_graph, wait_until, worker_stats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
@@ -42,6 +43,11 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     pd = {n: complete(vllm_pd, prompt(n, salt=n)) for n in LENGTHS}
     stats = worker_stats(vllm_pd.router)
     remote = metric(vllm_pd, 'splitserve_frontend_prefill_decisions_total{where="remote"}')
+    # vLLM's telemetry names no peer: each pull is attributed to the prefill worker (the only one it could come
+    # from) once a heartbeat has carried it to the router. Both workers registered their KV size.
+    assert wait_until(lambda: {p.src_worker_id for p in worker_stats(vllm_pd.router)["decode-1"].recent_transfers}
+                      == {"prefill-0"}, timeout_s=5)
+    assert all(info.kv_bytes_per_token > 0 for info in list_workers(vllm_pd.router).workers)
     vllm_pd.stop()  # two more engines would not fit beside these on 2 cores
     agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1")
     try:

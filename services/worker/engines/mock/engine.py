@@ -34,6 +34,10 @@ from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
 
+# Steps that prefill fewer tokens than this do not count toward the reported prefill rate.
+_MIN_RATE_TOKENS = 128
+
+
 @dataclass(slots=True)
 class _Live:
     request: EngineRequest
@@ -63,6 +67,10 @@ class MockEngine:
         self._transfers = TransferLog()
         self._tier = None if config.tier is None else TierLink(
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
+        # Registered with the router, which prices a prompt's KV move with it.
+        self.kv_bytes_per_token = config.kv_bytes_per_token
+        # Prefill tokens/s of recent steps that prefilled (EMA over their scaled step seconds); 0 until one ran.
+        self._prefill_tokens_per_s = 0.0
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
         self._pending_events: list[KvEvent] = []
         self.num_onboards = 0
@@ -118,6 +126,8 @@ class MockEngine:
             num_free_blocks=self._blocks.num_free_blocks,
             num_total_blocks=self.num_blocks,
             num_active_blocks=self._scheduler.num_active_blocks(),
+            num_waiting_tokens=self._scheduler.num_queued_prefill_tokens(),
+            prefill_tokens_per_s=self._prefill_tokens_per_s,
         )
 
     def counters(self) -> EngineCounters:
@@ -209,6 +219,7 @@ class MockEngine:
                     plan.num_prefill_tokens, len(plan.decode_seq_ids), plan.num_decode_kv_tokens
                 )
                 await asyncio.sleep(step_s)  # sleep(0) at infinite speedup still lets others run
+                self._note_prefill_rate(plan.num_prefill_tokens, step_s)
                 self._apply(plan)
                 self._collect_events()
         except asyncio.CancelledError:
@@ -216,6 +227,16 @@ class MockEngine:
         except Exception as exc:
             log.exception("mock engine step loop failed")
             self._fail(exc)
+
+    def _note_prefill_rate(self, num_prefill_tokens: int, step_s: float) -> None:
+        """Fold one step into the reported prefill rate (a mixed step's decode share counts against it, as on
+        a real engine). Steps of no simulated time, and the one-token "prefills" that follow a KV pull (a decode
+        step's worth of time for one token), say nothing about prefill throughput."""
+        if num_prefill_tokens < _MIN_RATE_TOKENS or step_s <= 0:
+            return
+        rate = num_prefill_tokens / step_s
+        old = self._prefill_tokens_per_s
+        self._prefill_tokens_per_s = rate if old == 0 else 0.8 * old + 0.2 * rate
 
     def _apply(self, plan: StepPlan) -> None:
         sampling_ids = [chunk.seq_id for chunk in plan.prefills if chunk.samples]
@@ -263,10 +284,15 @@ class MockEngine:
         num_bytes = load.num_tokens * self.config.kv_bytes_per_token
         transfer_s = self.config.timing.transfer_s(num_bytes)
         loop = asyncio.get_running_loop()
-        handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard)
+        live = self._live.get(load.seq_id)
+        kv = live.request.kv_transfer if live is not None else None
+        src_worker_id = kv.remote_engine_id if kv is not None and not load.onboard else ""
+        handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard,
+                                 src_worker_id)
         self._load_handles[load.seq_id] = handle
 
-    def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float, onboard: bool = False) -> None:
+    def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float, onboard: bool = False,
+                     src_worker_id: str = "") -> None:
         try:
             self._load_handles.pop(seq_id, None)
             if not self._scheduler.finish_load(seq_id):
@@ -275,7 +301,7 @@ class MockEngine:
                 self.num_onboards += 1
                 self.num_onboarded_tokens += num_bytes // self.config.kv_bytes_per_token
             else:
-                self._transfers.record(transfer_s, num_bytes)
+                self._transfers.record(transfer_s, num_bytes, src_worker_id=src_worker_id)
             self._wakeup.set()
         except Exception as exc:
             log.exception("mock engine transfer completion failed", request_id=seq_id)

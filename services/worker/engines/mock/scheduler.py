@@ -154,6 +154,14 @@ class Scheduler:
         """The sequence's prompt and output so far (the engine reads it to pick the next token)."""
         return self._seqs[seq_id].token_ids
 
+    def num_queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute: waiting sequences' (less what a load brings; prefix-cache hits are
+        only known when they start) and the rest of running sequences' chunked prefills."""
+        waiting = sum(len(seq.token_ids) - seq.spec.num_load_tokens for seq in self._waiting)
+        running = sum(len(seq.token_ids) - seq.num_computed_tokens
+                      for seq in self._running if not seq.num_output_tokens)
+        return waiting + running
+
     def num_active_blocks(self) -> int:
         """Blocks held by sequences past their prompt (the router's decode-load term)."""
         return sum(self.blocks.num_seq_blocks(seq.spec.seq_id) for seq in self._running if seq.num_output_tokens)

@@ -343,6 +343,11 @@ class VllmEngine:
             num_active_blocks=used,
         )
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token (layers * KV heads * head size * dtype bytes * 2 for K and V); 0 before start."""
+        return self._kv_bytes_per_block // self.block_size if self.block_size else 0
+
     def counters(self) -> EngineCounters:
         return EngineCounters(
             num_prefix_hits=self._stats.num_prefix_hit_tokens,

@@ -103,7 +103,10 @@ async def test_disaggregated_equals_aggregated() -> None:
     assert (counters.num_transfers, counters.num_transfer_bytes) == (1, len(PROMPT) * 100)
     assert counters.transfer_seconds == (0.0,)
     assert decode_fresh.counters().transfer_seconds == ()  # drained
-    assert [(t.seq, t.num_bytes) for t in decode_fresh.counters().recent_transfers] == [(1, len(PROMPT) * 100)]
+    # Each pull names the worker it came from (the router learns that link from it).
+    assert [(t.seq, t.num_bytes, t.src_worker_id) for t in decode_fresh.counters().recent_transfers] == [
+        (1, len(PROMPT) * 100, "prefill-0")]
+    assert decode_fresh.kv_bytes_per_token == 100
     assert decode_fresh.load().num_free_blocks == 64
     for eng in (prefill, decode, decode_fresh):
         await eng.shutdown()
@@ -137,7 +140,8 @@ async def test_abort_ends_the_stream_and_frees_blocks(engine: MockEngine) -> Non
     await engine.abort("a")
     rest = [out async for out in stream]
     assert [out.finish_reason for out in rest][-1] == "abort"
-    assert engine.load() == engine.load().__class__(num_free_blocks=64, num_total_blocks=64)
+    # The mock counts queued prefill tokens (0 now; -1 would mean "not counted").
+    assert engine.load() == engine.load().__class__(num_free_blocks=64, num_total_blocks=64, num_waiting_tokens=0)
     await engine.abort("a")  # unknown now: ignored
 
 
@@ -214,4 +218,22 @@ async def test_real_time_speedup_sleeps() -> None:
     start_s = loop.time()
     await _collect(eng, _request("a", max_tokens=3))  # one prefill step, two decode steps
     assert loop.time() - start_s >= 0.055
+    await eng.shutdown()
+
+
+async def test_load_reports_queued_prefill_tokens_and_the_measured_prefill_rate() -> None:
+    # 0.1 s per prefill step whatever its size: a 200-token prompt is prefilled at 2,000 tokens/s; 10x faster
+    # in wall time at speedup 10.
+    timing = TimingModel(prefill_coeffs_s=(0.1,), decode_base_s=0.0, decode_per_seq_s=0.0,
+                         decode_per_kv_token_s=0.0, speedup=10.0)
+    eng = MockEngine(_config(timing=timing, max_num_batched_tokens=256))
+    await eng.start()
+    assert (eng.load().num_waiting_tokens, eng.load().prefill_tokens_per_s) == (0, 0.0)
+    stream = eng.generate(_request("a", tuple(range(100, 300)), max_tokens=3))
+    await anext(stream)
+    assert eng.load().prefill_tokens_per_s == pytest.approx(20_000.0)
+    assert [out.finish_reason async for out in stream][-1] == "length"
+    # Decode steps and short prefills (the last token after a pull) leave the rate alone.
+    await _collect(eng, _request("b", tuple(range(5, 10)), max_tokens=2))
+    assert eng.load().prefill_tokens_per_s == pytest.approx(20_000.0)
     await eng.shutdown()

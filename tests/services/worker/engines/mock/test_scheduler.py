@@ -198,3 +198,16 @@ def test_update_skips_sequences_aborted_during_the_step() -> None:
     outputs = sched.update(plan, {"b": 1})
     assert [out.seq_id for out in outputs] == ["b"]
     assert sched.num_active_blocks() == 1  # b holds one block and has output
+
+
+def test_queued_prefill_tokens_count_waiting_prompts_and_unfinished_chunks() -> None:
+    sched = _make(max_num_seqs=1, budget=8)
+    sched.add(_spec("a", 20))
+    sched.add(_spec("b", 10))
+    sched.add(SeqSpec("k", tuple(range(500, 508)) + (9,), 3, kv_transfer=True))  # only its last token to compute
+    assert sched.num_queued_prefill_tokens() == 20 + 10 + 1
+    _step(sched)  # a: 8 of 20 computed; b and k wait (one sequence at a time)
+    assert sched.num_queued_prefill_tokens() == 12 + 10 + 1
+    _step(sched)
+    _step(sched)  # a's prompt done: it decodes now and counts no more
+    assert sched.num_queued_prefill_tokens() == 10 + 1

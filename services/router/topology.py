@@ -1,0 +1,140 @@
+"""Links between nodes as the router prices them: bandwidth (bytes/s) and a fixed latency per KV move.
+
+A link starts at its relation's default (same node, same zone, other zone) and, once decode workers report
+pulls over it (``Heartbeat.transfers``), becomes the median of its recent samples. Learned per ordered
+(src_node, dst_node) pair: a decode worker pulls from a prefill worker, so a link is measured in the direction
+KV moves. A worker without a node label is on node "" and one without a zone on zone "": one host and one
+zone, so a deployment that labels nothing keeps today's single-host prices.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+Relation = Literal["same_node", "same_zone", "cross_zone"]
+# Locality rank of a relation: lower is closer (the tie-break among equally fast pairs).
+RELATION_RANK: dict[Relation, int] = {"same_node": 0, "same_zone": 1, "cross_zone": 2}
+
+
+class Place(NamedTuple):
+    node: str
+    zone: str = ""
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    # Defaults until a link is measured. Same node: NIXL's scattered READ within one host (the mock's
+    # TimingModel figure); same zone: a 100 Gbit/s RDMA network; other zone: 10 Gbit/s. They err fast on
+    # purpose: a link priced too slow is never used, so it is never measured either.
+    same_node_bytes_per_s: float = 3.4e9
+    same_zone_bytes_per_s: float = 1.25e10
+    cross_zone_bytes_per_s: float = 1.25e9
+    # Fixed seconds per move (handshake, notification, first byte), added to bytes / bandwidth.
+    same_node_latency_s: float = 0.0005
+    same_zone_latency_s: float = 0.001
+    cross_zone_latency_s: float = 0.005
+    # Samples per link in the median: enough to ride out an outlier, few enough to follow a change in seconds.
+    window: int = 32
+    # Smaller pulls time the latency, not the bandwidth: not learned from.
+    min_sample_bytes: int = 64 * 1024
+    # A link with no sample for this long goes back to its default: one learned slow is otherwise never used
+    # again, so never measured again, even after it recovered.
+    sample_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("same_node_bytes_per_s", "same_zone_bytes_per_s", "cross_zone_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        for name in ("same_node_latency_s", "same_zone_latency_s", "cross_zone_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.window < 1 or not self.sample_ttl_s > 0:
+            raise ValueError("window must be >= 1 and sample_ttl_s > 0")
+
+    def bytes_per_s(self, relation: Relation) -> float:
+        match relation:
+            case "same_node":
+                return self.same_node_bytes_per_s
+            case "same_zone":
+                return self.same_zone_bytes_per_s
+            case _:
+                return self.cross_zone_bytes_per_s
+
+    def latency_s(self, relation: Relation) -> float:
+        match relation:
+            case "same_node":
+                return self.same_node_latency_s
+            case "same_zone":
+                return self.same_zone_latency_s
+            case _:
+                return self.cross_zone_latency_s
+
+
+@dataclass(frozen=True)
+class Link:
+    relation: Relation
+    bytes_per_s: float
+    latency_s: float
+    # Measured (median of samples) rather than the relation's default.
+    learned: bool = False
+
+    def transfer_s(self, num_bytes: int) -> float:
+        """Seconds to move ``num_bytes`` of KV over this link (0 bytes: nothing moves, no latency)."""
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s + num_bytes / self.bytes_per_s
+
+
+def relation(src: Place, dst: Place) -> Relation:
+    if src.node == dst.node:
+        return "same_node"
+    return "same_zone" if src.zone == dst.zone else "cross_zone"
+
+
+class Topology:
+    """Default links plus the ones learned from samples. ``link`` only reads: decisions stay pure."""
+
+    def __init__(self, config: TopologyConfig | None = None) -> None:
+        self.config = config or TopologyConfig()
+        self._samples: dict[tuple[str, str], deque[float]] = {}
+        self._learned: dict[tuple[str, str], float] = {}
+        self._last_sample_s: dict[tuple[str, str], float] = {}
+
+    def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0) -> float | None:
+        """Learn from one finished pull; returns the link's new bandwidth, or None when the sample says
+        nothing about bandwidth (too small, or no time measured: an instant mock)."""
+        if num_bytes < self.config.min_sample_bytes or not seconds > 0:
+            return None
+        latency_s = self.config.latency_s(relation(src, dst))
+        # The move's own time is seconds minus the fixed part; half the sample at least, so a latency set
+        # too high cannot turn a real pull into an infinite bandwidth.
+        moving_s = max(seconds - latency_s, seconds / 2)
+        key = (src.node, dst.node)
+        window = self._samples.get(key)
+        if window is None:
+            window = self._samples[key] = deque(maxlen=self.config.window)
+        window.append(num_bytes / moving_s)
+        self._learned[key] = statistics.median(window)
+        self._last_sample_s[key] = now_s
+        return self._learned[key]
+
+    def expire(self, now_s: float) -> list[tuple[str, str]]:
+        """Forget links whose last sample is older than ``sample_ttl_s``; returns their (src, dst) nodes."""
+        stale = [key for key, seen_s in self._last_sample_s.items() if now_s - seen_s > self.config.sample_ttl_s]
+        for key in stale:
+            del self._learned[key], self._samples[key], self._last_sample_s[key]
+        return stale
+
+    def link(self, src: Place, dst: Place) -> Link:
+        rel = relation(src, dst)
+        learned = self._learned.get((src.node, dst.node))
+        if learned is not None:
+            return Link(rel, learned, self.config.latency_s(rel), learned=True)
+        return Link(rel, self.config.bytes_per_s(rel), self.config.latency_s(rel))
+
+    def learned_links(self) -> dict[tuple[str, str], float]:
+        """(src_node, dst_node) -> bytes/s, for every measured link."""
+        return dict(self._learned)

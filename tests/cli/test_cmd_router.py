@@ -1,0 +1,36 @@
+"""`splitserve router`'s cost flags: a profile seeds the kv policy's prices, each flag overrides them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+
+from cli.cmd_router import _cost_config
+from services.router.cost import CostConfig
+
+
+def test_defaults_without_profile_or_flags() -> None:
+    assert _cost_config(None, {}, {}) == CostConfig()
+
+
+def test_profile_then_flags(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"prefill_coeffs_s": [0.024, 0.001, 0.0], "transfer_bandwidth_bytes_per_s": 5e9,
+                                   "transfer_latency_s": 0.002}))
+    config = _cost_config(profile, {"cross_zone_bytes_per_s": 2e8}, {"local_prefill_factor": 2.0})
+    assert config.prefill_tokens_per_s == pytest.approx(1024 / 1.048)
+    assert (config.topology.same_node_bytes_per_s, config.topology.cross_zone_bytes_per_s) == (5e9, 2e8)
+    assert config.local_prefill_factor == 2.0
+    assert _cost_config(profile, {}, {"prefill_tokens_per_s": 500.0}).prefill_tokens_per_s == 500.0
+
+
+def test_bad_value_is_a_usage_error() -> None:
+    with pytest.raises(typer.BadParameter, match="same_zone_bytes_per_s"):
+        _cost_config(None, {"same_zone_bytes_per_s": 0.0}, {})
+
+
+def test_queue_aware_flag() -> None:
+    assert _cost_config(None, {}, {"queue_aware_local": True}).queue_aware_local is True

@@ -1,0 +1,98 @@
+"""The router learns links from the pulls decode workers report in heartbeats, and routes with them."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+import pytest
+from prometheus_client import generate_latest
+
+from common.protocol import (
+    ErrorReply,
+    Heartbeat,
+    RegisterAck,
+    RegisterWorker,
+    Route,
+    RouteRequest,
+    TransferSample,
+    WorkerInfo,
+    WorkerLoad,
+)
+from services.router.cost import CostConfig
+from services.router.policy import PolicyConfig
+from services.router.service import RouterConfig, RouterService
+from services.router.topology import Place, TopologyConfig
+
+KV_BYTES = 10_000
+TOPOLOGY = TopologyConfig(same_zone_bytes_per_s=1e8, cross_zone_bytes_per_s=1e7, cross_zone_latency_s=0.01)
+COST = CostConfig(prefill_tokens_per_s=1000.0, local_prefill_factor=1.5, topology=TOPOLOGY)
+
+
+def _router(cost: CostConfig = COST) -> RouterService:
+    svc = RouterService(RouterConfig(policy=PolicyConfig(cost=cost), pending_ttl_s=0.0))
+    svc.events_endpoint = "tcp://127.0.0.1:9"
+    for worker_id, role, node, zone in [("d", "decode", "a", "z1"), ("p", "prefill", "c", "z2")]:
+        info = WorkerInfo(worker_id=worker_id, role=role, model="m", block_size=16, num_blocks=1000,
+                          endpoint=f"tcp://127.0.0.1:1{len(node)}", node=node, zone=zone,
+                          kv_bytes_per_token=KV_BYTES)
+        assert isinstance(svc.handle(worker_id.encode(), RegisterWorker(request_id="r", info=info)), RegisterAck)
+    return svc
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 8000) for _ in range(2000)]
+
+
+def _prefill_worker(svc: RouterService, prompt: list[int]) -> str | None:
+    reply = svc.handle(b"fe", RouteRequest(request_id="q", model="m", token_ids=tuple(prompt)))
+    assert isinstance(reply, Route)
+    return reply.prefill.worker_id if reply.prefill is not None else None
+
+
+def _beat(svc: RouterService, samples: tuple[TransferSample, ...]) -> None:
+    assert svc.handle(b"d", Heartbeat(worker_id="d", load=WorkerLoad(num_waiting_tokens=0), transfers=samples)) is None
+
+
+def test_heartbeat_samples_teach_the_link_and_change_the_route() -> None:
+    svc = _router()
+    # Default cross-zone link 1e7 bytes/s: moving 2e7 bytes (2 s) costs more than local prefill (3 s vs 4.01 s).
+    assert _prefill_worker(svc, _prompt(0)) is None
+    # d pulled 2e7 bytes from p in 0.03 s: c -> a runs at 1e9 bytes/s. One sample from an unknown worker and
+    # one unattributed: ignored.
+    _beat(svc, (TransferSample(seq=1, seconds=0.03, num_bytes=20_000_000, src_worker_id="p"),
+                TransferSample(seq=2, seconds=5.0, num_bytes=20_000_000, src_worker_id="gone"),
+                TransferSample(seq=3, seconds=5.0, num_bytes=20_000_000)))
+    assert svc.topology.learned_links() == {("c", "a"): pytest.approx(1e9)}
+    assert svc.topology.link(Place("c", "z2"), Place("a", "z1")).learned
+    # A new prompt (the first one is now cached on d: the approximate index recorded it there).
+    assert _prefill_worker(svc, _prompt(1)) == "p"
+    text = generate_latest(svc.metrics.registry).decode()
+    gauge = re.search(r'^splitserve_router_link_bandwidth_bytes_per_second\{dst_node="a",src_node="c"\} (\S+)$',
+                      text, re.M)
+    assert gauge is not None and float(gauge.group(1)) == pytest.approx(1e9)
+    assert 'splitserve_router_transfer_samples_total{used="yes"} 1.0' in text
+    assert 'splitserve_router_transfer_samples_total{used="no"} 2.0' in text
+    assert 'splitserve_router_predicted_prefill_seconds_count{relation="cross_zone",where="remote"} 1.0' in text
+    assert 'splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="local"} 1.0' in text
+
+
+def test_routed_tokens_count_as_queued_until_the_next_report() -> None:
+    svc = _router(replace(COST, queue_aware_local=True))
+    svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)  # fast link: remote is cheaper
+    for worker_id in ("p", "d"):  # both count queued tokens: 0 now
+        assert svc.handle(b"w", Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
+    assert _prefill_worker(svc, _prompt(1)) == "p"
+    entry = svc.registry.get("p")
+    assert entry is not None and svc.registry.effective_load(entry).num_waiting_tokens == 2000
+    # p now has 2,000 tokens queued (2 s) ahead of this prompt: 4.03 s remote vs 3.0 s local.
+    assert _prefill_worker(svc, _prompt(2)) is None
+
+
+def test_unknown_worker_heartbeat_with_samples_is_still_refused() -> None:
+    svc = _router()
+    reply = svc.handle(b"x", Heartbeat(worker_id="x", load=WorkerLoad(),
+                                       transfers=(TransferSample(seq=1, seconds=1.0, num_bytes=10**6),)))
+    assert isinstance(reply, ErrorReply) and reply.code == "not_registered"
