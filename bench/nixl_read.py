@@ -73,7 +73,11 @@ def _pin(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int], core: int | None = None) -> None:
+def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int], core: int | None = None,
+           poll_s: float = 0.001) -> None:
+    """``poll_s``: the longest wait between two progress calls. Within a host UCX copies with CMA and the target
+    need not progress at all; over TCP UCX emulates the READ with active messages the target answers when it
+    progresses, so a cross-host ceiling wants 0 (spin)."""
     _pin(core)
     agent = _agent("target")
     buf = _layout(regions, num_blocks, block_bytes)
@@ -84,7 +88,7 @@ def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[
                "coalesced": _coalesced(base, regions, num_blocks, block_bytes, 0, len(src_ids))})
     while True:  # drain notifications until told to stop (undrained ones hang the initiator)
         agent.get_new_notifs()
-        if conn.poll(0.001):
+        if conn.poll(poll_s):
             if conn.recv() == "stop":
                 break
     agent.deregister_memory(reg)
@@ -139,19 +143,28 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
     conn.send(results)
 
 
+def plan(shape: dict, dtype: str, prompt_tokens: int, block_size: int = 32, cache_blocks: int = 1024, seed: int = 0,
+         split_kv: bool = False) -> dict:
+    """The two buffers' layout and the prompt's block ids on each side (what target and initiator are given)."""
+    kv_bytes = block_size * shape["kv_heads"] * shape["head_dim"] * DTYPE_BYTES[dtype]  # K (or V) of one block
+    # vLLM CPU (LBHNC): one region per layer, K+V of a block adjacent; split_kv: K and V regions apart.
+    regions, block_bytes = (shape["layers"] * 2, kv_bytes) if split_kv else (shape["layers"], 2 * kv_bytes)
+    prompt_blocks = -(-prompt_tokens // block_size)  # vLLM pulls every prompt block, the partial last one too
+    rng = random.Random(seed)
+    return {"regions": regions, "block_bytes": block_bytes, "prompt_blocks": prompt_blocks,
+            "cache_blocks": cache_blocks, "src_ids": rng.sample(range(cache_blocks), prompt_blocks),
+            "dst_ids": rng.sample(range(cache_blocks), prompt_blocks)}
+
+
 def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache_blocks: int = 1024,
         repeats: int = 30, seed: int = 0, split_kv: bool = False, cores: tuple[int, int] | None = None,
         interval_s: float = 0.0) -> dict:
     """``cores``: (target core, initiator core) to pin the two processes to, e.g. a P/D graph's prefill and
     decode cores while that graph is under load; None: unpinned."""
     shape = kv_shape(model)
-    kv_bytes = block_size * shape["kv_heads"] * shape["head_dim"] * DTYPE_BYTES[dtype]  # K (or V) of one block
-    # vLLM CPU (LBHNC): one region per layer, K+V of a block adjacent; split_kv: K and V regions apart.
-    regions, block_bytes = (shape["layers"] * 2, kv_bytes) if split_kv else (shape["layers"], 2 * kv_bytes)
-    prompt_blocks = -(-prompt_tokens // block_size)  # vLLM pulls every prompt block, the partial last one too
-    rng = random.Random(seed)
-    src_ids = rng.sample(range(cache_blocks), prompt_blocks)
-    dst_ids = rng.sample(range(cache_blocks), prompt_blocks)
+    p = plan(shape, dtype, prompt_tokens, block_size, cache_blocks, seed, split_kv)
+    regions, block_bytes, prompt_blocks = p["regions"], p["block_bytes"], p["prompt_blocks"]
+    src_ids, dst_ids = p["src_ids"], p["dst_ids"]
     ctx = mp.get_context("spawn")
     t_conn, t_child = ctx.Pipe()
     i_conn, i_child = ctx.Pipe()
