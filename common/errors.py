@@ -40,3 +40,15 @@ class EngineError(SplitserveError):
 
 class WorkerLost(SplitserveError):
     """A worker stopped answering while it held a request."""
+
+
+class HostsError(SplitserveError):
+    """A namespaced test host (bench/lib/hosts.py) could not be set up or driven."""
+
+
+class HostsUnavailable(HostsError):
+    """This machine cannot make namespaced hosts (no CAP_NET_ADMIN/CAP_SYS_ADMIN, or `ip`/`unshare` missing)."""
+
+
+class NetemUnavailable(HostsError):
+    """The kernel has no sch_netem: a test host's link can be rate-capped (tbf) but not delayed."""

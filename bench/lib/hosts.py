@@ -1,0 +1,358 @@
+"""Several "hosts" on one machine, for multi-host tests and benchmarks (docs/architecture.md#nixl-facts).
+
+A host is a network namespace whose one veth (``eth0``, 198.18.K.<i+1>/24) plugs into a Linux bridge that lives in
+a namespace of its own, plus a PID, IPC and mount namespace (with a private ``/dev/shm``) held by a small init
+process. Processes on two hosts therefore share no memory and cannot ``process_vm_readv`` each other: UCX between
+them has to take the wire, as between machines. The root namespace gets one veth into the bridge (198.18.K.254)
+so the test process can reach the hosts; there is no default route and no NAT, so nothing leaves the bridge.
+
+    with hosts(3) as hs:
+        proc = hs[1].spawn([...], env, log_path, core=0)
+        hs[2].link_down(); hs[2].link_up(); hs[2].kill_all()
+
+Names carry a per-run id (``ss-<uid>-<i>``, bridge ``ss-<uid>-br``, root veth ``ss-<uid>``); ``cleanup_stale()``
+removes what runs that died without tearing down left behind. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); else
+``HostsUnavailable``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import ipaddress
+import json
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.errors import HostsError, HostsUnavailable, NetemUnavailable
+
+NAME_RE = re.compile(r"^ss-([0-9a-f]{6})(?:-(br|\d+))?$")
+STATE_DIR = Path("/tmp/splitserve-hosts")  # one <uid>.json per live run: owner pid and subnet index
+NUM_SUBNETS = 512  # /24s in 198.18.0.0/15
+ROOT_HOST = 254  # the root namespace's address in every subnet
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_PR_SET_PDEATHSIG = 1
+# PID 1 of a host: reaps orphans, says "ready" once the private /dev/shm is mounted.
+_INIT = ("import os, sys, time\nprint('ready', flush=True)\nwhile True:\n"
+         "    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(1.0)\n")
+
+
+def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(args, capture_output=True, text=True, check=False)
+    if check and res.returncode != 0:
+        raise HostsError(f"{' '.join(args)}: {res.stderr.strip() or res.returncode}")
+    return res
+
+
+def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run(["ip", *(["-n", ns] if ns else []), *args], check)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _child_of(pid: int, timeout_s: float = 10.0) -> int:
+    """The (single) child of ``pid``, waited for: the process nsenter/unshare forked into the host."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if kids := _children(pid):
+            return kids[0]
+        time.sleep(0.01)
+    raise HostsError(f"process {pid} started no child in {timeout_s}s")
+
+
+def _die_with_parent() -> None:
+    # SIGKILL this process when the test process dies, so a killed pytest leaves no host running.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def check_available() -> None:
+    """Raise HostsUnavailable (one line) where namespaced hosts cannot be made."""
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise HostsUnavailable(f"multi-host harness needs {', '.join(missing)} (iproute2/util-linux)")
+    cap_eff = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
+                       if line.startswith("CapEff:")).split()[1], 16)
+    for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
+        if not cap_eff >> bit & 1:
+            raise HostsUnavailable(f"multi-host harness needs {name} (run as root)")
+
+
+@dataclass
+class HostProc:
+    """A command running on a host. ``pid`` is its id in the root PID namespace (signal it directly)."""
+
+    popen: subprocess.Popen[bytes]  # the nsenter that started it; exits with it
+    pid: int
+    log_path: Path | None
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        return self.popen.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait()
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+
+@dataclass
+class Host:
+    index: int
+    name: str  # its network namespace
+    address: str  # on the bridge, e.g. 198.18.7.2
+    bridge_ns: str
+    port: str  # its veth's end in the bridge namespace
+    init: subprocess.Popen[bytes] | None = None  # unshare, parent of the PID namespace's init
+    init_pid: int = 0  # PID 1 of the host, in the root PID namespace
+    procs: list[HostProc] = field(default_factory=list)
+
+    def _ensure_init(self) -> int:
+        if self.init is not None and self.init.poll() is None:
+            return self.init_pid
+        script = f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec {sys.executable} -c \"$0\""
+        self.init = subprocess.Popen(
+            ["ip", "netns", "exec", self.name, "unshare", "--pid", "--ipc", "--mount", "--fork", "--mount-proc",
+             "--kill-child", "--", "sh", "-c", script, _INIT],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent)  # noqa: PLW1509 (the hook only calls prctl)
+        assert self.init.stdout is not None
+        ready, _, _ = select.select([self.init.stdout], [], [], 30.0)
+        if not ready or self.init.stdout.readline().strip() != b"ready":
+            self.init.kill()
+            err = self.init.stderr.read().decode(errors="replace") if self.init.stderr else ""
+            raise HostsError(f"host {self.name}: init did not start: {err.strip()[-500:]}")
+        self.init_pid = _child_of(self.init.pid)
+        return self.init_pid
+
+    def command(self, cmd: list[str], core: int | None = None, cwd: str | None = None) -> list[str]:
+        """``cmd`` prefixed to run inside this host (its network, PID, IPC and mount namespaces)."""
+        pin = ["taskset", "-c", str(core)] if core is not None else []
+        return ["nsenter", f"--target={self._ensure_init()}", "--net", "--pid", "--ipc", "--mount",
+                f"--wd={cwd or os.getcwd()}", "--", *pin, *cmd]
+
+    def spawn(self, cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+              core: int | None = None, cwd: str | None = None) -> HostProc:
+        """Start ``cmd`` on this host, output to ``log_path`` (appended), pinned to ``core`` if given."""
+        full = self.command(cmd, core, cwd)
+        with open(log_path or os.devnull, "ab") as log:
+            popen = subprocess.Popen(full, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                     stdin=subprocess.DEVNULL)
+        proc = HostProc(popen, _child_of(popen.pid), log_path)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, cmd: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run a short command on this host and return its output."""
+        return subprocess.run(self.command(cmd), capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def kill_all(self) -> None:
+        """kill -9 every process on this host (SIGKILL to its PID namespace's init takes them all)."""
+        if self.init is not None:
+            _kill_quietly(self.init_pid)
+            self.init.wait()
+            self.init = None
+        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
+            _kill_quietly(int(pid))  # anything that joined only the network namespace
+        for proc in self.procs:
+            proc.popen.wait()
+        self.procs.clear()
+
+    def link_down(self) -> None:
+        """Unplug the host's cable: its bridge port goes down, its sockets stay (a partition, not a crash)."""
+        _ip("link", "set", self.port, "down", ns=self.bridge_ns)
+
+    def link_up(self) -> None:
+        _ip("link", "set", self.port, "up", ns=self.bridge_ns)
+
+    def netem(self, delay_ms: float = 0.0, rate_gbit: float | None = None) -> None:
+        """Shape both directions of the host's link: one-way ``delay_ms`` and ``rate_gbit`` each way.
+
+        Needs sch_netem; a kernel without it can still cap the rate (tbf) but not delay: NetemUnavailable.
+        """
+        shape = ["delay", f"{delay_ms}ms", *(["rate", f"{rate_gbit}gbit"] if rate_gbit else []), "limit", "100000"]
+        for ns, dev in ((self.name, "eth0"), (self.bridge_ns, self.port)):
+            res = _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", *shape], check=False)
+            if res.returncode == 0:
+                continue
+            if "unknown" not in res.stderr or delay_ms > 0 or not rate_gbit:
+                raise NetemUnavailable(f"tc netem on {ns}/{dev}: {res.stderr.strip()}")
+            # Burst: at least 1 ms of traffic (timer granularity) and several 64 KiB GSO packets.
+            burst_bytes = max(int(rate_gbit * 1e9 / 8 * 1e-3), 512 * 1024)
+            _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_gbit}gbit",
+                  "burst", str(burst_bytes), "latency", "20ms"])
+
+    def clear_netem(self) -> None:
+        for ns, dev in ((self.name, "eth0"), (self.bridge_ns, self.port)):
+            _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+
+
+@dataclass
+class Hosts:
+    uid: str
+    subnet: int  # K: host i is 198.(18 + K // 256).(K % 256).(i + 1)
+    hosts: list[Host]
+    root_address: str  # the root namespace's end, for the test process
+    root_link: str
+
+    def __getitem__(self, i: int) -> Host:
+        return self.hosts[i]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self.hosts)
+
+    def close(self) -> None:
+        for host in self.hosts:
+            with contextlib.suppress(Exception):
+                host.kill_all()
+        _delete_run(self.uid)
+
+
+def _prefix(k: int) -> str:
+    return f"198.{18 + k // 256}.{k % 256}"
+
+
+def _owner_alive(uid: str) -> bool:
+    try:
+        pid = json.loads((STATE_DIR / f"{uid}.json").read_text())["pid"]
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _delete_run(uid: str) -> None:
+    names = [n for n in _netns_names() if NAME_RE.match(n) and NAME_RE.match(n).group(1) == uid]
+    for name in names:
+        for pid in _ip("netns", "pids", name, check=False).stdout.split():
+            _kill_quietly(int(pid))
+    for name in names:
+        _ip("netns", "del", name, check=False)
+    _ip("link", "del", f"ss-{uid}", check=False)
+    (STATE_DIR / f"{uid}.json").unlink(missing_ok=True)
+
+
+def _netns_names() -> list[str]:
+    return [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
+
+
+def cleanup_stale() -> list[str]:
+    """Delete hosts (namespaces, root veths) of runs whose owner process is gone; returns their uids."""
+    uids = {m.group(1) for n in _netns_names() if (m := NAME_RE.match(n))}
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        if (m := NAME_RE.match(line.split(":")[1].strip().split("@")[0])) and m.group(2) is None:
+            uids.add(m.group(1))
+    stale = sorted(uid for uid in uids if not _owner_alive(uid))
+    for uid in stale:
+        _delete_run(uid)
+    return stale
+
+
+def _pick_subnet() -> int:
+    used = set()
+    for state in STATE_DIR.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            used.add(json.loads(state.read_text())["subnet"])
+    ours = ipaddress.ip_network("198.18.0.0/15")
+    for line in _ip("-4", "-o", "addr", "show", check=False).stdout.splitlines():
+        addr = ipaddress.ip_interface(line.split()[3])
+        if addr.ip in ours:
+            used.add((int(addr.ip) - int(ours.network_address)) // 256)
+    free = [k for k in range(NUM_SUBNETS) if k not in used]
+    if not free:
+        raise HostsError("no free /24 left in 198.18.0.0/15")
+    return random.choice(free)
+
+
+def _create(n: int) -> Hosts:
+    check_available()
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    uid = f"{random.getrandbits(24):06x}"
+    with open(STATE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cleanup_stale()
+        k = _pick_subnet()
+        (STATE_DIR / f"{uid}.json").write_text(json.dumps({"pid": os.getpid(), "subnet": k, "num_hosts": n}))
+    try:
+        return _build(uid, k, n)
+    except BaseException:
+        _delete_run(uid)
+        raise
+
+
+def _build(uid: str, k: int, n: int) -> Hosts:
+    bridge_ns, net = f"ss-{uid}-br", _prefix(k)
+    res = _ip("netns", "add", bridge_ns, check=False)
+    if res.returncode != 0:
+        raise HostsUnavailable(f"cannot create network namespaces: {res.stderr.strip()}")
+    _ip("link", "set", "lo", "up", ns=bridge_ns)
+    _ip("link", "add", "br0", "type", "bridge", ns=bridge_ns)
+    _ip("link", "set", "br0", "up", ns=bridge_ns)
+    hosts = []
+    for i in range(n):
+        name, port = f"ss-{uid}-{i}", f"h{i}"
+        _ip("netns", "add", name)
+        _ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name, ns=bridge_ns)
+        _ip("link", "set", port, "master", "br0", "up", ns=bridge_ns)
+        _ip("addr", "add", f"{net}.{i + 1}/24", "dev", "eth0", ns=name)
+        _ip("link", "set", "eth0", "up", ns=name)
+        _ip("link", "set", "lo", "up", ns=name)
+        hosts.append(Host(i, name, f"{net}.{i + 1}", bridge_ns, port))
+    root_link = f"ss-{uid}"
+    _ip("link", "add", root_link, "type", "veth", "peer", "name", "root", "netns", bridge_ns)
+    _ip("link", "set", "root", "master", "br0", "up", ns=bridge_ns)
+    _ip("addr", "add", f"{net}.{ROOT_HOST}/24", "dev", root_link)
+    _ip("link", "set", root_link, "up")
+    return Hosts(uid, k, hosts, f"{net}.{ROOT_HOST}", root_link)
+
+
+@contextlib.contextmanager
+def hosts(n: int) -> Iterator[Hosts]:
+    """``n`` hosts on one bridge, torn down on exit (also on errors and KeyboardInterrupt)."""
+    made = _create(n)
+    try:
+        yield made
+    finally:
+        made.close()
