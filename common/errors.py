@@ -52,3 +52,7 @@ class HostsUnavailable(HostsError):
 
 class NetemUnavailable(HostsError):
     """The kernel has no sch_netem: a test host's link can be rate-capped (tbf) but not delayed."""
+
+
+class AddressError(SplitserveError, ValueError):
+    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""
