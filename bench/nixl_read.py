@@ -47,7 +47,8 @@ def kv_shape(model_dir: Path) -> dict:
 def _agent(name: str):
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[]))
+    # Telemetry: NIXL's own per-transfer duration, the figure vLLM's connector reports for each pull.
+    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[], capture_telemetry=True))
     agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
     return agent
 
@@ -113,7 +114,7 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
         local_h = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM")
         remote_h = agent.prep_xfer_dlist(peer, remote, "DRAM")
         idx = list(range(len(local)))
-        times = []
+        times, nixl_times = [], []
         for i in range(repeats + 1):
             time.sleep(interval_s)  # spaced out: sampling a busy machine, not hammering it
             t0 = time.perf_counter()
@@ -122,6 +123,7 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
             while state not in ("DONE", "ERR"):
                 state = agent.check_xfer_state(handle)
             t1 = time.perf_counter()
+            nixl_times.append(agent.get_xfer_telemetry(handle).xferDuration / 1e6 if state == "DONE" else 0.0)
             agent.release_xfer_handle(handle)
             if state == "ERR":
                 raise RuntimeError(f"NIXL READ failed ({name})")
@@ -135,6 +137,9 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
             "gbps_first": round(nbytes / times[0] / 1e9, 3),
             "gbps_median": round(nbytes / statistics.median(warm) / 1e9, 3),
             "gbps_best": round(nbytes / min(warm) / 1e9, 3),
+            # NIXL telemetry (xferDuration: post to the status check that saw DONE), like a pull's sample.
+            "telemetry_median_s": round(statistics.median(nixl_times[1:]), 6),
+            "gbps_median_telemetry": round(nbytes / max(statistics.median(nixl_times[1:]), 1e-9) / 1e9, 3),
         }
         agent.release_dlist_handle(local_h)
         agent.release_dlist_handle(remote_h)
