@@ -31,7 +31,8 @@ def kvtier(
     zone: str = Zone,
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router to register with and publish KV events to (\"\": standalone)"),
-    tier_id: str = typer.Option("kvtier-0", help="Source id of this tier in the router's index"),
+    tier_id: Optional[str] = typer.Option(None, help="Source id of this tier in the router's index, unique in the "
+                                          "cluster (default: kvtier-NODE)"),
     host_cache_gb: float = typer.Option(1.0, help="Host-memory pool, GiB"),
     disk_cache_gb: float = typer.Option(0.0, help="NVMe tier, GiB (0: none)"),
     disk_cache_dir: Optional[Path] = typer.Option(None, help="Directory of the NVMe tier's slab file"),
@@ -58,9 +59,11 @@ def kvtier(
     disk_dir = disk_cache_dir
     if disk_cache_gb > 0 and disk_dir is None:
         disk_dir = Path(tempfile.gettempdir()) / f"splitserve-kvtier-{os.getpid()}"
-    config = KvTierConfig(tier_id=tier_id, endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
+    node = node or default_node()
+    config = KvTierConfig(tier_id=tier_id or f"kvtier-{node}", endpoint=endpoint,
+                          advertise_endpoint=advertise_endpoint or "",
                           router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
                           disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
                           disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port,
-                          metrics_host=metrics_host, node=node or default_node(), zone=zone)
+                          metrics_host=metrics_host, node=node, zone=zone)
     run_service(KvTierService(config).run)

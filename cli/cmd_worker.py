@@ -39,7 +39,7 @@ def worker(
     node: Optional[str] = Node,
     zone: str = Zone,
     served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
-    worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
+    worker_id: Optional[str] = typer.Option(None, help="Unique in the cluster (default: ROLE-NODE-PID)"),
     engine: str = typer.Option("mock", help="mock | vllm"),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None, help="KV blocks (mock default 2048; vLLM: from memory)"),
@@ -48,8 +48,9 @@ def worker(
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
     kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
-                               help="kvtier endpoint: offload KV blocks there and onboard prefixes from it "
-                               "(vLLM: through our KV connector, services/worker/engines/vllm/tier/connector.py)"),
+                               help="This node's kvtier (one per node): offload KV blocks there and onboard "
+                               "prefixes from it (vLLM: through our KV connector, "
+                               "services/worker/engines/vllm/tier/connector.py)"),
     kvtier_write_through: Optional[bool] = typer.Option(
         None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
         "connector API does not expose evictions, so write-through is its only save path)"),
@@ -87,7 +88,9 @@ def worker(
                    err=True)
     info = validated(model)
     name = served_model_name or model.resolve().name
-    wid = worker_id or f"{role}-{os.getpid()}"
+    node = node or default_node()
+    # PIDs repeat across machines (every container's first process is 1): the node keeps default ids apart.
+    wid = worker_id or f"{role}-{node}-{os.getpid()}"
     if engine == "mock":
         from common.timing import TimingModel
         from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
@@ -138,7 +141,7 @@ def worker(
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
-                                         node=node or default_node(), zone=zone,
+                                         node=node, zone=zone,
                                          transport=transport(curve_dir), metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)

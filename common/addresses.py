@@ -54,7 +54,10 @@ def advertise_host(advertise: str) -> str:
         return parsed.host
     if "://" in advertise:
         raise AddressError(f"{advertise!r}: only tcp:// endpoints can be advertised to other hosts")
-    return advertise.strip("[]")
+    host = advertise.strip("[]")
+    if ":" in host and not _is_ipv6(host):
+        raise AddressError(f"{advertise!r}: a host with a port needs the scheme (tcp://{advertise})")
+    return host
 
 
 def check_advertised(advertise: str, flag: str) -> str:
@@ -122,6 +125,15 @@ def nixl_advertise_host(nixl_host: str, nixl_advertise: str, advertise: str) -> 
         raise AddressError(f"--nixl-host {nixl_host} binds every interface; give --nixl-advertise (or --advertise, "
                            "whose host is used) with the address decode engines dial")
     return host
+
+
+def _is_ipv6(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 def _bracketed(host: str) -> str:

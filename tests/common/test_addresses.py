@@ -65,9 +65,11 @@ def test_advertise_host(advertise: str, host: str) -> None:
     assert advertise_host(advertise) == host
 
 
-def test_advertise_host_refuses_other_transports() -> None:
+def test_advertise_host_refuses_other_transports_and_a_port_without_scheme() -> None:
     with pytest.raises(AddressError, match="only tcp://"):
         advertise_host("ipc:///tmp/w.sock")
+    with pytest.raises(AddressError, match="needs the scheme"):
+        advertise_host("prefill:5560")
 
 
 @pytest.mark.parametrize("advertise", ["tcp://0.0.0.0:5560", "0.0.0.0", "::", "tcp://*:5560", "tcp://[::]:1"])

@@ -232,8 +232,9 @@ class VllmEngine:
         return kwargs
 
     def _events_endpoint(self) -> str:
-        # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it.
-        return f"ipc://{tempfile.gettempdir()}/splitserve-kv-{os.getpid()}.sock"
+        # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it. The
+        # engine id too: PIDs repeat across PID namespaces (containers) that may share one /tmp.
+        return f"ipc://{tempfile.gettempdir()}/splitserve-kv-{self.config.engine_id or 'vllm'}-{os.getpid()}.sock"
 
     def drain_kv_events(self) -> list:
         """Our-hash KV events since the last call (for the worker's publisher)."""
