@@ -244,8 +244,9 @@ def run(args: argparse.Namespace) -> dict:
             print("cross-host graph ...", flush=True)
             graphs["cross_host"] = {"start_s": round(graph.start(args.ready_timeout_s), 1),
                                     "commands": graph.command_lines()}
-            asyncio.run(send_prompts(graph, args, 1, rng))  # warm-up: NIXL handshake, first-use costs
         try:
+            if graph is not None:
+                asyncio.run(send_prompts(graph, args, 1, rng))  # warm-up: NIXL handshake, first-use costs
             for i in range(args.rounds):
                 for link in ("unshaped", "dc"):
                     r: dict = {"round": i, "link": shape_link(c, link, args), "loadavg_before": loadavg()}
