@@ -130,6 +130,7 @@ def _child_setup(cores: frozenset[int]) -> None:
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
     cmd = ["kvtier", "--endpoint", endpoint, "--router", router, "--host-cache-gb", str(spec.host_cache_gb),
            "--disk-cache-gb", str(spec.disk_cache_gb), "--block-bytes", str(kvtier_block_bytes(spec))]
+    cmd += ["--tier-id", "kvtier-0"]  # `up` runs one tier (kvtier's own default, kvtier-NODE, is per machine)
     if spec.disk_cache_dir is not None:
         cmd += ["--disk-cache-dir", str(spec.disk_cache_dir)]
     if spec.kvtier_metrics_port:

@@ -42,6 +42,10 @@ class WorkerLost(SplitserveError):
     """A worker stopped answering while it held a request."""
 
 
+class AddressError(SplitserveError, ValueError):
+    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""
+
+
 class HostsError(SplitserveError):
     """A namespaced test host (bench/lib/hosts.py) could not be set up or driven."""
 
