@@ -197,6 +197,11 @@ class Host:
             proc.popen.wait()
         self.procs.clear()
 
+    def link_bytes(self) -> tuple[int, int]:
+        """(received, sent) bytes on the host's link so far: what crossed the wire, not shared memory."""
+        stats = json.loads(_ip("-j", "-s", "link", "show", "eth0", ns=self.name).stdout)[0]["stats64"]
+        return stats["rx"]["bytes"], stats["tx"]["bytes"]
+
     def link_down(self) -> None:
         """Unplug the host's cable: its bridge port goes down, its sockets stay (a partition, not a crash)."""
         _ip("link", "set", self.port, "down", ns=self.bridge_ns)

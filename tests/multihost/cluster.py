@@ -6,6 +6,7 @@ in the root namespace, reaches them through its own veth on the bridge.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,12 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
+import zmq.asyncio
 
 from bench.lib.hosts import Host, HostProc, Hosts
-from common.protocol import WorkerStats
+from common.protocol import ListWorkers, WorkerList, WorkerStats
+from common.transport import Client, new_id
 from tests.graph import REPO, worker_stats
 
 ROUTER_PORT, EVENTS_PORT, FRONTEND_PORT, WORKER_PORT, KVTIER_PORT = 5550, 5551, 8000, 5560, 5570
+
+
+def node_name(host: Host) -> str:
+    """The machine name a host's services register (host-a, host-b, ...)."""
+    return f"host-{chr(ord('a') + host.index)}"
 
 
 @dataclass
@@ -40,6 +48,7 @@ class Cluster:
     router_host: Host | None = None
     frontend_host: Host | None = None
     services: list[Service] = field(default_factory=list)
+    stopped: list[Service] = field(default_factory=list)
 
     @property
     def router_endpoint(self) -> str:
@@ -76,13 +85,15 @@ class Cluster:
                core: int | None = None, env: dict[str, str] | None = None) -> Service:
         endpoint = f"tcp://{host.address}:{port}"
         return self._start(worker_id, host, ["worker", "--model", str(self.model), "--role", role, "--worker-id",
-                                             worker_id, "--router", self.router_endpoint, "--endpoint", endpoint,
-                                             "--advertise", endpoint, *extra], core=core, env=env)
+                                             worker_id, "--node", node_name(host), "--router", self.router_endpoint,
+                                             "--endpoint", endpoint, "--advertise", endpoint, *extra],
+                           core=core, env=env)
 
     def kvtier(self, host: Host, tier_id: str, *extra: str) -> Service:
         endpoint = f"tcp://{host.address}:{KVTIER_PORT}"
         return self._start(tier_id, host, ["kvtier", "--endpoint", endpoint, "--advertise", endpoint, "--router",
-                                           self.router_endpoint, "--tier-id", tier_id, *extra])
+                                           self.router_endpoint, "--tier-id", tier_id, "--node", node_name(host),
+                                           *extra])
 
     @staticmethod
     def kvtier_endpoint(host: Host) -> str:
@@ -112,11 +123,26 @@ class Cluster:
     def client(self, timeout_s: float = 60.0) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
 
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name)
+
+    def stop_service(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stop one service (SIGTERM: it drains and deregisters); its log stays in ``logs()``."""
+        service = self.service(name)
+        service.proc.stop(timeout_s)
+        self.services.remove(service)
+        self.stopped.append(service)
+
+    def workers(self) -> WorkerList:
+        """The router's list of registered workers."""
+        return asyncio.run(_list_workers(self.router_endpoint))
+
     def stats(self) -> dict[str, WorkerStats]:
         return worker_stats(self.router_endpoint)
 
     def logs(self, tail_chars: int = 3000) -> str:
-        return "\n".join(f"--- {s.name} on {s.host.name}:\n{s.proc.logs()[-tail_chars:]}" for s in self.services)
+        return "\n".join(f"--- {s.name} on {s.host.name}:\n{s.proc.logs()[-tail_chars:]}"
+                         for s in self.stopped + self.services)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every service at once, SIGKILL what is left after ``timeout_s``."""
@@ -125,3 +151,15 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         for service in self.services:
             service.proc.stop(timeout_s=max(0.1, deadline - time.monotonic()))
+
+
+async def _list_workers(router: str) -> WorkerList:
+    ctx = zmq.asyncio.Context()
+    client = Client(ctx, router)
+    try:
+        reply = await client.request(ListWorkers(request_id=new_id("t")), 5.0)
+        assert isinstance(reply, WorkerList)
+        return reply
+    finally:
+        await client.close()
+        ctx.destroy(linger=0)
