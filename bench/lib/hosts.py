@@ -361,3 +361,7 @@ def hosts(n: int) -> Iterator[Hosts]:
         yield made
     finally:
         made.close()
+
+
+if __name__ == "__main__":  # python -m bench.lib.hosts: remove what killed runs left behind
+    print("removed runs:", " ".join(cleanup_stale()) or "none")

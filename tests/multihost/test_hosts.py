@@ -26,7 +26,8 @@ CONNECT = ("import socket, sys\ns = socket.socket(); s.settimeout(1.0)\n"
            "rc = s.connect_ex((sys.argv[1], int(sys.argv[2])))\nprint(rc, s.recv(5).decode() if rc == 0 else '')\n")
 
 
-@pytest.mark.parametrize(("k", "prefix"), [(0, "198.18.0"), (255, "198.18.255"), (256, "198.19.0"), (511, "198.19.255")])
+@pytest.mark.parametrize(("k", "prefix"),
+                         [(0, "198.18.0"), (255, "198.18.255"), (256, "198.19.0"), (511, "198.19.255")])
 def test_subnets_stay_in_the_benchmark_range(k: int, prefix: str) -> None:
     assert _prefix(k) == prefix
 

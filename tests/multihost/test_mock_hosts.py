@@ -117,6 +117,8 @@ def test_streams_complete_and_decode_hosts_pull_every_remote_prefill(mock_cluste
     streams = [stream(cl, p, max_tokens=40, seed=i) for i, p in enumerate(prompts)]
     assert all(s.done.wait(60) for s in streams), "a stream hung"
     assert [s.error for s in streams] == [None] * len(streams)
+    assert {w.worker_id: w.node for w in cl.workers().workers} == {
+        "prefill-b": "host-b", "decode-c": "host-c", "decode-d": "host-d"}
     stats = cl.stats()
     assert stats["prefill-b"].num_transfers == 0
     decode = {w: s for w, s in stats.items() if w.startswith("decode")}
