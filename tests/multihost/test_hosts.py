@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.hosts import NAME_RE, _prefix, cleanup_stale, hosts
+from bench.lib.host_runs import NAME_RE, cleanup_stale, subnet_prefix
+from bench.lib.hosts import hosts
 from common.errors import NetemUnavailable
 from tests.graph import wait_until
 
@@ -29,7 +30,7 @@ CONNECT = ("import socket, sys\ns = socket.socket(); s.settimeout(1.0)\n"
 @pytest.mark.parametrize(("k", "prefix"),
                          [(0, "198.18.0"), (255, "198.18.255"), (256, "198.19.0"), (511, "198.19.255")])
 def test_subnets_stay_in_the_benchmark_range(k: int, prefix: str) -> None:
-    assert _prefix(k) == prefix
+    assert subnet_prefix(k) == prefix
 
 
 @pytest.mark.parametrize(("name", "ours"), [("ss-0a1b2c-br", True), ("ss-0a1b2c-3", True), ("ss-0a1b2c", True),
@@ -137,7 +138,7 @@ def test_a_killed_run_leaves_no_process_and_its_namespaces_are_cleaned_up(make_h
         uid, pid = owner.stdout.readline().split()
     finally:
         owner.send_signal(signal.SIGKILL)  # no teardown runs
-        owner.wait()
+        owner.communicate()
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout_s=5)  # died with its owner
     assert len(_our_netns(uid)) == 2
     time.sleep(0.1)
