@@ -48,8 +48,9 @@ def worker(
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
     kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
-                               help="kvtier endpoint: offload KV blocks there and onboard prefixes from it "
-                               "(vLLM: through our KV connector, services/worker/engines/vllm/tier/connector.py)"),
+                               help="This node's kvtier (one per node): offload KV blocks there and onboard "
+                               "prefixes from it (vLLM: through our KV connector, "
+                               "services/worker/engines/vllm/tier/connector.py)"),
     kvtier_write_through: Optional[bool] = typer.Option(
         None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
         "connector API does not expose evictions, so write-through is its only save path)"),
