@@ -42,6 +42,10 @@ class WorkerLost(SplitserveError):
     """A worker stopped answering while it held a request."""
 
 
+class AddressError(SplitserveError, ValueError):
+    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""
+
+
 class HostsError(SplitserveError):
     """A namespaced test host (bench/lib/hosts.py) could not be set up or driven."""
 
@@ -52,7 +56,3 @@ class HostsUnavailable(HostsError):
 
 class NetemUnavailable(HostsError):
     """The kernel has no sch_netem: a test host's link can be rate-capped (tbf) but not delayed."""
-
-
-class AddressError(SplitserveError, ValueError):
-    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""

@@ -11,7 +11,8 @@ so the test process can reach the hosts; there is no default route and no NAT, s
         hs[2].link_down(); hs[2].link_up(); hs[2].kill_all()
 
 Names carry a per-run id (``ss-<uid>-<i>``, bridge ``ss-<uid>-br``, root veth ``ss-<uid>``); ``cleanup_stale()``
-removes what runs that died without tearing down left behind. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); else
+(bench/lib/host_runs.py, also ``python -m bench.lib.hosts``) removes what runs that died without tearing down
+left behind. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); else
 ``HostsUnavailable``.
 """
 
@@ -19,14 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
-import ipaddress
 import json
 import os
-import random
-import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,28 +31,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.lib.host_runs import (  # noqa: F401 (cleanup_stale, check_available: part of this module's API)
+    check_available,
+    cleanup_stale,
+    delete_run,
+    ip,
+    kill_quietly,
+    reserve_run,
+    run_cmd,
+    subnet_prefix,
+)
 from common.errors import HostsError, HostsUnavailable, NetemUnavailable
 
-NAME_RE = re.compile(r"^ss-([0-9a-f]{6})(?:-(br|\d+))?$")
-STATE_DIR = Path("/tmp/splitserve-hosts")  # one <uid>.json per live run: owner pid and subnet index
-NUM_SUBNETS = 512  # /24s in 198.18.0.0/15
 ROOT_HOST = 254  # the root namespace's address in every subnet
-_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
 _PR_SET_PDEATHSIG = 1
 # PID 1 of a host: reaps orphans, says "ready" once the private /dev/shm is mounted.
 _INIT = ("import os, sys, time\nprint('ready', flush=True)\nwhile True:\n"
          "    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(1.0)\n")
-
-
-def _run(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(args, capture_output=True, text=True, check=False)
-    if check and res.returncode != 0:
-        raise HostsError(f"{' '.join(args)}: {res.stderr.strip() or res.returncode}")
-    return res
-
-
-def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return _run(["ip", *(["-n", ns] if ns else []), *args], check)
 
 
 def _children(pid: int) -> list[int]:
@@ -71,36 +62,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _child_of(pid: int, timeout_s: float = 10.0) -> int:
-    """The (single) child of ``pid``, waited for: the process nsenter/unshare forked into the host."""
+def _child_of(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
+    """The child ``popen`` (nsenter, unshare) forked into the host; 0 if it already came and went."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if kids := _children(pid):
+        if kids := _children(popen.pid):
             return kids[0]
+        if popen.poll() is not None:
+            return 0
         time.sleep(0.01)
-    raise HostsError(f"process {pid} started no child in {timeout_s}s")
+    raise HostsError(f"process {popen.pid} started no child in {timeout_s}s")
 
 
 def _die_with_parent() -> None:
     # SIGKILL this process when the test process dies, so a killed pytest leaves no host running.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _kill_quietly(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def check_available() -> None:
-    """Raise HostsUnavailable (one line) where namespaced hosts cannot be made."""
-    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
-    if missing:
-        raise HostsUnavailable(f"multi-host harness needs {', '.join(missing)} (iproute2/util-linux)")
-    cap_eff = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
-                       if line.startswith("CapEff:")).split()[1], 16)
-    for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
-        if not cap_eff >> bit & 1:
-            raise HostsUnavailable(f"multi-host harness needs {name} (run as root)")
 
 
 @dataclass
@@ -161,7 +137,9 @@ class Host:
             self.init.kill()
             err = self.init.stderr.read().decode(errors="replace") if self.init.stderr else ""
             raise HostsError(f"host {self.name}: init did not start: {err.strip()[-500:]}")
-        self.init_pid = _child_of(self.init.pid)
+        self.init_pid = _child_of(self.init)
+        if not self.init_pid:
+            raise HostsError(f"host {self.name}: init exited at once")
         return self.init_pid
 
     def command(self, cmd: list[str], core: int | None = None, cwd: str | None = None) -> list[str]:
@@ -177,7 +155,7 @@ class Host:
         with open(log_path or os.devnull, "ab") as log:
             popen = subprocess.Popen(full, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                                      stdin=subprocess.DEVNULL)
-        proc = HostProc(popen, _child_of(popen.pid), log_path)
+        proc = HostProc(popen, _child_of(popen), log_path)
         self.procs.append(proc)
         return proc
 
@@ -188,21 +166,26 @@ class Host:
     def kill_all(self) -> None:
         """kill -9 every process on this host (SIGKILL to its PID namespace's init takes them all)."""
         if self.init is not None:
-            _kill_quietly(self.init_pid)
-            self.init.wait()
+            kill_quietly(self.init_pid)
+            self.init.communicate()  # waits, and closes its pipes
             self.init = None
-        for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
-            _kill_quietly(int(pid))  # anything that joined only the network namespace
+        for pid in ip("netns", "pids", self.name, check=False).stdout.split():
+            kill_quietly(int(pid))  # anything that joined only the network namespace
         for proc in self.procs:
             proc.popen.wait()
         self.procs.clear()
 
+    def link_bytes(self) -> tuple[int, int]:
+        """(received, sent) bytes on the host's link so far: what crossed the wire, not shared memory."""
+        stats = json.loads(ip("-j", "-s", "link", "show", "eth0", ns=self.name).stdout)[0]["stats64"]
+        return stats["rx"]["bytes"], stats["tx"]["bytes"]
+
     def link_down(self) -> None:
         """Unplug the host's cable: its bridge port goes down, its sockets stay (a partition, not a crash)."""
-        _ip("link", "set", self.port, "down", ns=self.bridge_ns)
+        ip("link", "set", self.port, "down", ns=self.bridge_ns)
 
     def link_up(self) -> None:
-        _ip("link", "set", self.port, "up", ns=self.bridge_ns)
+        ip("link", "set", self.port, "up", ns=self.bridge_ns)
 
     def netem(self, delay_ms: float = 0.0, rate_gbit: float | None = None) -> None:
         """Shape both directions of the host's link: one-way ``delay_ms`` and ``rate_gbit`` each way.
@@ -211,19 +194,19 @@ class Host:
         """
         shape = ["delay", f"{delay_ms}ms", *(["rate", f"{rate_gbit}gbit"] if rate_gbit else []), "limit", "100000"]
         for ns, dev in ((self.name, "eth0"), (self.bridge_ns, self.port)):
-            res = _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", *shape], check=False)
+            res = run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", *shape], check=False)
             if res.returncode == 0:
                 continue
             if "unknown" not in res.stderr or delay_ms > 0 or not rate_gbit:
                 raise NetemUnavailable(f"tc netem on {ns}/{dev}: {res.stderr.strip()}")
             # Burst: at least 1 ms of traffic (timer granularity) and several 64 KiB GSO packets.
             burst_bytes = max(int(rate_gbit * 1e9 / 8 * 1e-3), 512 * 1024)
-            _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_gbit}gbit",
+            run_cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_gbit}gbit",
                   "burst", str(burst_bytes), "latency", "20ms"])
 
     def clear_netem(self) -> None:
         for ns, dev in ((self.name, "eth0"), (self.bridge_ns, self.port)):
-            _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+            run_cmd(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
 
 
 @dataclass
@@ -247,104 +230,41 @@ class Hosts:
         for host in self.hosts:
             with contextlib.suppress(Exception):
                 host.kill_all()
-        _delete_run(self.uid)
-
-
-def _prefix(k: int) -> str:
-    return f"198.{18 + k // 256}.{k % 256}"
-
-
-def _owner_alive(uid: str) -> bool:
-    try:
-        pid = json.loads((STATE_DIR / f"{uid}.json").read_text())["pid"]
-        os.kill(pid, 0)
-        return True
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def _delete_run(uid: str) -> None:
-    names = [n for n in _netns_names() if NAME_RE.match(n) and NAME_RE.match(n).group(1) == uid]
-    for name in names:
-        for pid in _ip("netns", "pids", name, check=False).stdout.split():
-            _kill_quietly(int(pid))
-    for name in names:
-        _ip("netns", "del", name, check=False)
-    _ip("link", "del", f"ss-{uid}", check=False)
-    (STATE_DIR / f"{uid}.json").unlink(missing_ok=True)
-
-
-def _netns_names() -> list[str]:
-    return [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
-
-
-def cleanup_stale() -> list[str]:
-    """Delete hosts (namespaces, root veths) of runs whose owner process is gone; returns their uids."""
-    uids = {m.group(1) for n in _netns_names() if (m := NAME_RE.match(n))}
-    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
-        if (m := NAME_RE.match(line.split(":")[1].strip().split("@")[0])) and m.group(2) is None:
-            uids.add(m.group(1))
-    stale = sorted(uid for uid in uids if not _owner_alive(uid))
-    for uid in stale:
-        _delete_run(uid)
-    return stale
-
-
-def _pick_subnet() -> int:
-    used = set()
-    for state in STATE_DIR.glob("*.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            used.add(json.loads(state.read_text())["subnet"])
-    ours = ipaddress.ip_network("198.18.0.0/15")
-    for line in _ip("-4", "-o", "addr", "show", check=False).stdout.splitlines():
-        addr = ipaddress.ip_interface(line.split()[3])
-        if addr.ip in ours:
-            used.add((int(addr.ip) - int(ours.network_address)) // 256)
-    free = [k for k in range(NUM_SUBNETS) if k not in used]
-    if not free:
-        raise HostsError("no free /24 left in 198.18.0.0/15")
-    return random.choice(free)
+        delete_run(self.uid)
 
 
 def _create(n: int) -> Hosts:
-    check_available()
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    uid = f"{random.getrandbits(24):06x}"
-    with open(STATE_DIR / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cleanup_stale()
-        k = _pick_subnet()
-        (STATE_DIR / f"{uid}.json").write_text(json.dumps({"pid": os.getpid(), "subnet": k, "num_hosts": n}))
+    uid, k = reserve_run(n)
     try:
         return _build(uid, k, n)
     except BaseException:
-        _delete_run(uid)
+        delete_run(uid)
         raise
 
 
 def _build(uid: str, k: int, n: int) -> Hosts:
-    bridge_ns, net = f"ss-{uid}-br", _prefix(k)
-    res = _ip("netns", "add", bridge_ns, check=False)
+    bridge_ns, net = f"ss-{uid}-br", subnet_prefix(k)
+    res = ip("netns", "add", bridge_ns, check=False)
     if res.returncode != 0:
         raise HostsUnavailable(f"cannot create network namespaces: {res.stderr.strip()}")
-    _ip("link", "set", "lo", "up", ns=bridge_ns)
-    _ip("link", "add", "br0", "type", "bridge", ns=bridge_ns)
-    _ip("link", "set", "br0", "up", ns=bridge_ns)
+    ip("link", "set", "lo", "up", ns=bridge_ns)
+    ip("link", "add", "br0", "type", "bridge", ns=bridge_ns)
+    ip("link", "set", "br0", "up", ns=bridge_ns)
     hosts = []
     for i in range(n):
         name, port = f"ss-{uid}-{i}", f"h{i}"
-        _ip("netns", "add", name)
-        _ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name, ns=bridge_ns)
-        _ip("link", "set", port, "master", "br0", "up", ns=bridge_ns)
-        _ip("addr", "add", f"{net}.{i + 1}/24", "dev", "eth0", ns=name)
-        _ip("link", "set", "eth0", "up", ns=name)
-        _ip("link", "set", "lo", "up", ns=name)
+        ip("netns", "add", name)
+        ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name, ns=bridge_ns)
+        ip("link", "set", port, "master", "br0", "up", ns=bridge_ns)
+        ip("addr", "add", f"{net}.{i + 1}/24", "dev", "eth0", ns=name)
+        ip("link", "set", "eth0", "up", ns=name)
+        ip("link", "set", "lo", "up", ns=name)
         hosts.append(Host(i, name, f"{net}.{i + 1}", bridge_ns, port))
     root_link = f"ss-{uid}"
-    _ip("link", "add", root_link, "type", "veth", "peer", "name", "root", "netns", bridge_ns)
-    _ip("link", "set", "root", "master", "br0", "up", ns=bridge_ns)
-    _ip("addr", "add", f"{net}.{ROOT_HOST}/24", "dev", root_link)
-    _ip("link", "set", root_link, "up")
+    ip("link", "add", root_link, "type", "veth", "peer", "name", "root", "netns", bridge_ns)
+    ip("link", "set", "root", "master", "br0", "up", ns=bridge_ns)
+    ip("addr", "add", f"{net}.{ROOT_HOST}/24", "dev", root_link)
+    ip("link", "set", root_link, "up")
     return Hosts(uid, k, hosts, f"{net}.{ROOT_HOST}", root_link)
 
 
@@ -356,3 +276,7 @@ def hosts(n: int) -> Iterator[Hosts]:
         yield made
     finally:
         made.close()
+
+
+if __name__ == "__main__":  # python -m bench.lib.hosts: remove what killed runs left behind
+    print("removed runs:", " ".join(cleanup_stale()) or "none")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.hosts import NAME_RE, _prefix, cleanup_stale, hosts
+from bench.lib.host_runs import NAME_RE, cleanup_stale, subnet_prefix
+from bench.lib.hosts import hosts
 from common.errors import NetemUnavailable
 from tests.graph import wait_until
 
@@ -26,9 +27,10 @@ CONNECT = ("import socket, sys\ns = socket.socket(); s.settimeout(1.0)\n"
            "rc = s.connect_ex((sys.argv[1], int(sys.argv[2])))\nprint(rc, s.recv(5).decode() if rc == 0 else '')\n")
 
 
-@pytest.mark.parametrize(("k", "prefix"), [(0, "198.18.0"), (255, "198.18.255"), (256, "198.19.0"), (511, "198.19.255")])
+@pytest.mark.parametrize(("k", "prefix"),
+                         [(0, "198.18.0"), (255, "198.18.255"), (256, "198.19.0"), (511, "198.19.255")])
 def test_subnets_stay_in_the_benchmark_range(k: int, prefix: str) -> None:
-    assert _prefix(k) == prefix
+    assert subnet_prefix(k) == prefix
 
 
 @pytest.mark.parametrize(("name", "ours"), [("ss-0a1b2c-br", True), ("ss-0a1b2c-3", True), ("ss-0a1b2c", True),
@@ -79,7 +81,7 @@ def test_kill_all_kills_every_process_on_the_host_and_the_host_takes_new_ones(ma
     other = hs[1].spawn(["sleep", "1000"])
     hs[0].kill_all()
     assert all(p.poll() is not None for p in procs)
-    assert subprocess.run(["ip", "netns", "pids", hs[0].name], capture_output=True, text=True).stdout == ""
+    assert subprocess.run(["ip", "netns", "pids", hs[0].name], capture_output=True, text=True, check=False).stdout == ""
     assert other.poll() is None  # another host is untouched
     again = hs[0].spawn(["sleep", "1000"])
     assert again.poll() is None and Path(f"/proc/{again.pid}").exists()
@@ -110,7 +112,7 @@ def test_netem_shapes_the_link_or_says_why_not(make_hosts) -> None:
 
 
 def _our_netns(uid: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"ss-{uid}")]
 
 
@@ -121,7 +123,7 @@ def test_teardown_on_error_leaves_no_namespace_link_or_process(make_hosts) -> No
         assert len(_our_netns(uid)) == 3
         raise RuntimeError("boom")
     assert _our_netns(uid) == []
-    assert subprocess.run(["ip", "link", "show", f"ss-{uid}"], capture_output=True).returncode != 0
+    assert subprocess.run(["ip", "link", "show", f"ss-{uid}"], capture_output=True, check=False).returncode != 0
     assert sleeper.poll() is not None
 
 
@@ -136,7 +138,7 @@ def test_a_killed_run_leaves_no_process_and_its_namespaces_are_cleaned_up(make_h
         uid, pid = owner.stdout.readline().split()
     finally:
         owner.send_signal(signal.SIGKILL)  # no teardown runs
-        owner.wait()
+        owner.communicate()
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout_s=5)  # died with its owner
     assert len(_our_netns(uid)) == 2
     time.sleep(0.1)
