@@ -213,9 +213,12 @@ async def pull_phase(graph, args: argparse.Namespace, raw_kv: dict, rng: random.
     from bench.kv_transfer import pulls_against_raw, pulls_between
 
     before = await worker_stats(graph.router)
+    rx0 = graph.p.decode.link_bytes()[0]
     results = await send_prompts(graph, args, args.pulls, rng)
+    rx1 = graph.p.decode.link_bytes()[0]
     after = await worker_stats(graph.router)
     decode = next(wid for wid, st in after.items() if st["role"] == "decode")
+    pulls = pulls_between(before.get(decode, {}), after[decode])
     ttfts = [round(r.chunk_times_s[0] * 1e3, 2) for r in results if r.ok and r.chunk_times_s]
     return {"prompts": len(results), "ok": sum(r.ok for r in results),
             "errors": sorted({r.error for r in results if r.error})[:3],
@@ -223,7 +226,9 @@ async def pull_phase(graph, args: argparse.Namespace, raw_kv: dict, rng: random.
             "ttft_ms_each": ttfts, "ttft_ms": ttft_stats(ttfts),
             "decode_transfer_failures": after[decode]["num_transfer_failures"]
             - before.get(decode, {}).get("num_transfer_failures", 0),
-            "pulls": pulls_against_raw(pulls_between(before.get(decode, {}), after[decode]), raw_kv)}
+            # What crossed the decode host's wire (its eth0): the pulls' bytes across hosts, ~none on one host.
+            "pulled_bytes": sum(p["num_bytes"] for p in pulls), "decode_link_rx_bytes": rx1 - rx0,
+            "pulls": pulls_against_raw(pulls, raw_kv)}
 
 
 def engine_transports(graph) -> dict:
