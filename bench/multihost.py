@@ -26,7 +26,7 @@ Goal (issue 14): median pull >= 70% of the raw READ, unshaped and shaped.
 
 Measured here (2-core AMD EPYC VM, kernel without sch_netem, 100M model fp32, 2,000-token prompts = 49.5 MB in
 12-756 merged descriptors): UCX chose TCP between hosts by itself (rma_am/am over tcp/eth0), ~1 GB/s both for the
-raw READ and for pulls (45-51 ms); pulls ran 1.1-1.3x the back-to-back raw READ. A raw READ with 4 UCX workers
+raw READ (0.6-1.0) and for pulls (45-51 ms, 1.0-1.1); pulls ran 1.1-1.4x the back-to-back raw READ. A raw READ with 4 UCX workers
 (vLLM's num_threads), error mode peer, THP buffers, a spinning target or READs spaced 0.5 s apart was no faster.
 Within one host: CMA/shared memory, raw ~18 GB/s, pulls ~4 ms. TTFT is the 2,000-token prefill (~1.9-2 s)
 either way.
