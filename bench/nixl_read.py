@@ -47,7 +47,8 @@ def kv_shape(model_dir: Path) -> dict:
 def _agent(name: str):
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[]))
+    # Telemetry: NIXL's own per-transfer duration, the figure vLLM's connector reports for each pull.
+    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=[], capture_telemetry=True))
     agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
     return agent
 
@@ -73,7 +74,11 @@ def _pin(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int], core: int | None = None) -> None:
+def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[int], core: int | None = None,
+           poll_s: float = 0.001) -> None:
+    """``poll_s``: the longest wait between two progress calls. Within a host UCX copies with CMA and the target
+    need not progress at all; over TCP UCX emulates the READ with active messages the target answers when it
+    progresses, so a cross-host ceiling wants 0 (spin)."""
     _pin(core)
     agent = _agent("target")
     buf = _layout(regions, num_blocks, block_bytes)
@@ -84,7 +89,7 @@ def target(conn, regions: int, num_blocks: int, block_bytes: int, src_ids: list[
                "coalesced": _coalesced(base, regions, num_blocks, block_bytes, 0, len(src_ids))})
     while True:  # drain notifications until told to stop (undrained ones hang the initiator)
         agent.get_new_notifs()
-        if conn.poll(0.001):
+        if conn.poll(poll_s):
             if conn.recv() == "stop":
                 break
     agent.deregister_memory(reg)
@@ -109,7 +114,7 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
         local_h = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM")
         remote_h = agent.prep_xfer_dlist(peer, remote, "DRAM")
         idx = list(range(len(local)))
-        times = []
+        times, nixl_times = [], []
         for i in range(repeats + 1):
             time.sleep(interval_s)  # spaced out: sampling a busy machine, not hammering it
             t0 = time.perf_counter()
@@ -118,6 +123,7 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
             while state not in ("DONE", "ERR"):
                 state = agent.check_xfer_state(handle)
             t1 = time.perf_counter()
+            nixl_times.append(agent.get_xfer_telemetry(handle).xferDuration / 1e6 if state == "DONE" else 0.0)
             agent.release_xfer_handle(handle)
             if state == "ERR":
                 raise RuntimeError(f"NIXL READ failed ({name})")
@@ -131,6 +137,9 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
             "gbps_first": round(nbytes / times[0] / 1e9, 3),
             "gbps_median": round(nbytes / statistics.median(warm) / 1e9, 3),
             "gbps_best": round(nbytes / min(warm) / 1e9, 3),
+            # NIXL telemetry (xferDuration: post to the status check that saw DONE), like a pull's sample.
+            "telemetry_median_s": round(statistics.median(nixl_times[1:]), 6),
+            "gbps_median_telemetry": round(nbytes / max(statistics.median(nixl_times[1:]), 1e-9) / 1e9, 3),
         }
         agent.release_dlist_handle(local_h)
         agent.release_dlist_handle(remote_h)
@@ -139,19 +148,28 @@ def initiator(conn, regions: int, num_blocks: int, block_bytes: int, dst_ids: li
     conn.send(results)
 
 
+def plan(shape: dict, dtype: str, prompt_tokens: int, block_size: int = 32, cache_blocks: int = 1024, seed: int = 0,
+         split_kv: bool = False) -> dict:
+    """The two buffers' layout and the prompt's block ids on each side (what target and initiator are given)."""
+    kv_bytes = block_size * shape["kv_heads"] * shape["head_dim"] * DTYPE_BYTES[dtype]  # K (or V) of one block
+    # vLLM CPU (LBHNC): one region per layer, K+V of a block adjacent; split_kv: K and V regions apart.
+    regions, block_bytes = (shape["layers"] * 2, kv_bytes) if split_kv else (shape["layers"], 2 * kv_bytes)
+    prompt_blocks = -(-prompt_tokens // block_size)  # vLLM pulls every prompt block, the partial last one too
+    rng = random.Random(seed)
+    return {"regions": regions, "block_bytes": block_bytes, "prompt_blocks": prompt_blocks,
+            "cache_blocks": cache_blocks, "src_ids": rng.sample(range(cache_blocks), prompt_blocks),
+            "dst_ids": rng.sample(range(cache_blocks), prompt_blocks)}
+
+
 def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache_blocks: int = 1024,
         repeats: int = 30, seed: int = 0, split_kv: bool = False, cores: tuple[int, int] | None = None,
         interval_s: float = 0.0) -> dict:
     """``cores``: (target core, initiator core) to pin the two processes to, e.g. a P/D graph's prefill and
     decode cores while that graph is under load; None: unpinned."""
     shape = kv_shape(model)
-    kv_bytes = block_size * shape["kv_heads"] * shape["head_dim"] * DTYPE_BYTES[dtype]  # K (or V) of one block
-    # vLLM CPU (LBHNC): one region per layer, K+V of a block adjacent; split_kv: K and V regions apart.
-    regions, block_bytes = (shape["layers"] * 2, kv_bytes) if split_kv else (shape["layers"], 2 * kv_bytes)
-    prompt_blocks = -(-prompt_tokens // block_size)  # vLLM pulls every prompt block, the partial last one too
-    rng = random.Random(seed)
-    src_ids = rng.sample(range(cache_blocks), prompt_blocks)
-    dst_ids = rng.sample(range(cache_blocks), prompt_blocks)
+    p = plan(shape, dtype, prompt_tokens, block_size, cache_blocks, seed, split_kv)
+    regions, block_bytes, prompt_blocks = p["regions"], p["block_bytes"], p["prompt_blocks"]
+    src_ids, dst_ids = p["src_ids"], p["dst_ids"]
     ctx = mp.get_context("spawn")
     t_conn, t_child = ctx.Pipe()
     i_conn, i_child = ctx.Pipe()

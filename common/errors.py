@@ -48,3 +48,15 @@ class NixlUnavailable(SplitserveError):
 
 class AddressError(SplitserveError, ValueError):
     """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""
+
+
+class HostsError(SplitserveError):
+    """A namespaced test host (bench/lib/hosts.py) could not be set up or driven."""
+
+
+class HostsUnavailable(HostsError):
+    """This machine cannot make namespaced hosts (no CAP_NET_ADMIN/CAP_SYS_ADMIN, or `ip`/`unshare` missing)."""
+
+
+class NetemUnavailable(HostsError):
+    """The kernel has no sch_netem: a test host's link can be rate-capped (tbf) but not delayed."""
