@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.graph import Graph, start_graph
+from bench.lib.graph import Graph, start_graph
 
 
 @pytest.fixture(scope="session")

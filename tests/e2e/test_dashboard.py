@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph
+from bench.lib.graph import Graph
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import httpx
 
-from tests.graph import Graph, wait_until, worker_stats
+from bench.lib.graph import Graph, wait_until, worker_stats
 from tests.e2e.test_openai_api import MODEL, client
 
 LONG_PROMPT = list(range(100, 100 + 700))  # 700 tokens: above the local-prefill threshold (256)

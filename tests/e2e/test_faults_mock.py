@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
 
 
 @pytest.fixture()

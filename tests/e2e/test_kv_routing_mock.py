@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph
+from bench.lib.graph import Graph
 
 
 def test_repeated_prefix_hits_the_worker_that_cached_it(mock_kv2: Graph) -> None:

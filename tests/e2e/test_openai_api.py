@@ -9,7 +9,7 @@ import urllib.request
 import openai
 import pytest
 
-from tests.graph import Graph
+from bench.lib.graph import Graph
 
 MODEL = "tiny"
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import REPO, Graph, start_graph, worker_stats
+from bench.lib.graph import REPO, Graph, start_graph, worker_stats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
