@@ -19,13 +19,12 @@ from typing import Any
 
 import zmq.asyncio
 
+from bench.lib.machine import REPO
+from bench.lib.procs import children, tree_pids
 from cli.launcher import free_port
 from common.protocol import GetStats, ListWorkers, WorkerInfo, WorkerList, WorkerStats
 from common.tiny_model import make_tiny_model
 from common.transport import Client, new_id
-
-from bench.lib.machine import REPO
-from bench.lib.procs import children, tree_pids
 
 BANNER = "splitserve is serving"  # the launcher prints it once every worker has registered
 
