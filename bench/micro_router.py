@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import resource
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.lib.results import RESULTS, conditions, write_result
 from common.hashing import block_hashes, hash_seed
 from common.protocol import BlockRemoved, BlockStored, KvEvents, WorkerLoad, decode, encode
 from services.router.index import PrefixIndex
@@ -136,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=2000)
     parser.add_argument("--blocks", type=int, default=1_000_000)
-    parser.add_argument("--out", default="bench/results/micro_router.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "micro_router.json")
     args = parser.parse_args()
     rng = random.Random(0)
     seed = hash_seed("bench-model")
@@ -156,31 +154,19 @@ def main() -> None:
     ingest = bench_ingest(args.blocks, seed, rng)
     result = {
         "benchmark": "micro_router",
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "conditions": {
-            "block_size": BLOCK_SIZE,
-            "workers": NUM_WORKERS,
-            "prompt_tokens": PROMPT_TOKENS,
-            "prompt": "first 3,200 tokens of a stored document + 800 new",
-            "shared_system_prompt_tokens": SYSTEM_TOKENS,
-            "replicas_per_document": REPLICAS,
-            "policy": "kv, aggregated (64 decode candidates, no prefill pool)",
-            "target_indexed_blocks": args.blocks,
-            "index_build_s": round(build_s, 2),
-            "indexed_blocks_with_kvtier": indexed_blocks,
-            "machine": f"{platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()}".strip(),
-            "python": platform.python_version(),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        },
+        "conditions": conditions(
+            "micro_router", block_size=BLOCK_SIZE, workers=NUM_WORKERS, prompt_tokens=PROMPT_TOKENS,
+            prompt="first 3,200 tokens of a stored document + 800 new", shared_system_prompt_tokens=SYSTEM_TOKENS,
+            replicas_per_document=REPLICAS, policy="kv, aggregated (64 decode candidates, no prefill pool)",
+            target_indexed_blocks=args.blocks, index_build_s=round(build_s, 2),
+            indexed_blocks_with_kvtier=indexed_blocks,
+            max_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
         "decision": decisions,
         "decision_with_kvtier_host": decisions_kvtier,
         "ingest": ingest,
         "goals": {"p99_us_below": 1000, "ingest_blocks_per_s_at_least": 100_000},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
 
 

@@ -26,13 +26,12 @@ import multiprocessing as mp
 import os
 import random
 import statistics
-import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.lib.machine import loadavg, machine
+from bench.lib.report import now_iso
+from bench.lib.results import MODEL_100M, write_result
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -173,7 +172,7 @@ def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache
     ctx = mp.get_context("spawn")
     t_conn, t_child = ctx.Pipe()
     i_conn, i_child = ctx.Pipe()
-    load_before = os.getloadavg()
+    load_before = loadavg()
     t_core, i_core = cores if cores is not None else (None, None)
     tp = ctx.Process(target=target, args=(t_child, regions, cache_blocks, block_bytes, src_ids, t_core))
     ip = ctx.Process(target=initiator, args=(i_child, regions, cache_blocks, block_bytes, dst_ids, repeats, i_core,
@@ -201,14 +200,13 @@ def run(model: Path, dtype: str, prompt_tokens: int, block_size: int = 32, cache
         "processes": "2 (spawn), " + (f"target on core {t_core}, initiator on core {i_core}" if cores is not None
                                       else "no CPU pinning"),
         "interval_s": interval_s, "timing": "make_prepped_xfer + transfer + poll to DONE",
-        "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_before": load_before, "loadavg_after": loadavg(), "timestamp": now_iso(),
     }}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny-100m")
+    ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
     ap.add_argument("--prompt-tokens", type=int, default=2000)
     ap.add_argument("--block-size", type=int, default=32)
@@ -218,11 +216,10 @@ def main() -> None:
     args = ap.parse_args()
     doc = run(args.model, args.dtype, args.prompt_tokens, args.block_size, repeats=args.repeats,
               split_kv=args.split_kv)
-    text = json.dumps(doc, indent=2)
-    print(text)
+    doc["conditions"]["machine"] = machine()
+    print(json.dumps(doc, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_result(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -18,27 +18,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.lib.graph import LocalGraph  # noqa: E402
-from bench.lib.metrics import aggregate  # noqa: E402
-from bench.lib.report import git_info, machine, now_iso  # noqa: E402
-from bench.lib.runner import RequestParams, run_point  # noqa: E402
-from bench.lib.server import Target  # noqa: E402
-from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
-from common.profile import load_profile, timing_fields  # noqa: E402
-from services.planner.plan import plan  # noqa: E402
-from services.planner.profile import options_from_profile, with_serving_overheads  # noqa: E402
-from services.planner.workload import Slo, Workload  # noqa: E402
-from common.timing import TimingModel  # noqa: E402
+from bench.lib.graph import REPO, Graph, start_graph
+from bench.lib.metrics import aggregate
+from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result
+from bench.lib.runner import RequestParams, run_point
+from bench.lib.server import Target
+from bench.lib.workloads import Session, poisson_prompts
+from common.timing import TimingModel
+from common.profile import load_profile, timing_fields
+from services.planner.plan import plan
+from services.planner.profile import options_from_profile, with_serving_overheads
+from services.planner.workload import Slo, Workload
 
 WORKLOADS = (
     {"name": "prefill_heavy", "isl": 1024, "osl": 32, "rate_rps": 0.3},
@@ -49,15 +45,7 @@ LOOSE_SLO = Slo(ttft_ms=20_000, itl_ms=150)
 
 
 def sessions_for(w: dict[str, Any], duration_s: float, seed: int) -> tuple[list[Session], list[float]]:
-    rng = random.Random(seed)
-    sessions, arrivals, t = [], [], 0.0
-    while True:
-        t += rng.expovariate(w["rate_rps"])
-        if t >= duration_s:
-            return sessions, arrivals
-        tokens = tuple(rng.randrange(16, 8000) for _ in range(w["isl"]))
-        sessions.append(Session(turns=(Turn(segments=(Segment("user", tokens),), osl=w["osl"]),)))
-        arrivals.append(t)
+    return poisson_prompts(random.Random(seed), w["isl"], w["osl"], w["rate_rps"], 0.0, duration_s)
 
 
 def mean_ms(values: list[float]) -> float | None:
@@ -70,9 +58,9 @@ def err(predicted: float | None, measured: float | None) -> float | None:
     return round((predicted - measured) / measured, 4)
 
 
-async def measure(graph: LocalGraph, w: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def measure(graph: Graph, w: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
     sessions, arrivals = sessions_for(w, args.duration_s, seed)
-    run = await run_point(Target.parse(f"http://127.0.0.1:{graph.port}"), sessions,
+    run = await run_point(Target.parse(graph.url), sessions,
                           RequestParams(model=args.model.name), arrivals_s=arrivals,
                           max_duration_s=args.duration_s + 120, timeout_s=300)
     timings = [s.timing() for s in run.sent]
@@ -88,25 +76,31 @@ async def measure(graph: LocalGraph, w: dict[str, Any], args: argparse.Namespace
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=REPO / "models/tiny-100m")
+    ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--profile", type=Path, default=REPO / "bench/profiles/vllm-100m-cpu.json")
     ap.add_argument("--duration-s", type=float, default=120.0)
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--calibrate-s", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=REPO / "bench/results/plan_accuracy.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "plan_accuracy.json")
     args = ap.parse_args()
+    require_model(args.model)
     doc_profile = load_profile(args.profile)
     timing = TimingModel.from_profile(timing_fields(doc_profile))
     options = options_from_profile(doc_profile)
-    started = now_iso()
-    graph = LocalGraph(["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype, "--prefill", "1",
-                        "--decode", "1", "--no-kvtier", "--local-prefill-max-tokens", "128", "--log-level", "warning"],
-                       args.out.parent / "plan_accuracy-graph.log")
+    cond = conditions(
+        "plan_accuracy", engine="vllm", model=str(args.model.name), dtype=args.dtype, graph="1 prefill + 1 decode",
+        kv_transfer="NIXL (UCX, kv_buffer_device cpu)", block_size=32, local_prefill_max_tokens=128,
+        arrivals="poisson", duration_s_per_workload=args.duration_s, warmup_s=args.warmup_s,
+        plan_slo=asdict(LOOSE_SLO), profile=str(args.profile), profile_fit=doc_profile.get("fit"),
+        profile_conditions=doc_profile.get("conditions"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    graph = start_graph(args.out.parent, "--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype,
+                        "--prefill", "1", "--decode", "1", "--no-kvtier", "--local-prefill-max-tokens", "128",
+                        "--log-level", "warning", ready_timeout_s=300.0, log_name="plan_accuracy-graph.log")
+    cond["graph_start_s"] = round(graph.startup_s, 1)
     results = []
-    start_s = graph.start()
 
     def predict(t: TimingModel, w: dict[str, Any]) -> dict[str, Any]:
         d = plan(t, Workload.of(w["isl"], w["osl"], rate=w["rate_rps"]), LOOSE_SLO, options).disaggregated
@@ -141,22 +135,15 @@ def main() -> int:
                   f"(error {results[-1]['error_raw_profile']})", file=sys.stderr)
     finally:
         leftover = graph.stop()
+    cond["leftover_pids"] = leftover
+    finish(cond)
     doc = {
-        "bench": "plan_accuracy",
-        "conditions": {
-            "engine": "vllm", "model": str(args.model.name), "dtype": args.dtype, "graph": "1 prefill + 1 decode",
-            "kv_transfer": "NIXL (UCX, kv_buffer_device cpu)", "block_size": 32, "local_prefill_max_tokens": 128,
-            "arrivals": "poisson", "duration_s_per_workload": args.duration_s, "warmup_s": args.warmup_s,
-            "plan_slo": asdict(LOOSE_SLO), "profile": str(args.profile), "profile_fit": doc_profile.get("fit"),
-            "profile_conditions": doc_profile.get("conditions"), "graph_start_s": round(start_s, 1),
-            "machine": machine(), "git": git_info(), "started": started, "finished": now_iso(),
-            "leftover_pids": leftover,
-        },
+        "bench": "plan_accuracy", "conditions": cond,
         "calibration": {"probe": PROBE, "probe_measured": probe, "probe_plan_raw_profile": raw_probe,
                         "overheads": overheads, "calibrate_s": args.calibrate_s},
         "workloads": results,
     }
-    args.out.write_text(json.dumps(doc, indent=1))
+    write_result(args.out, doc, indent=1)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

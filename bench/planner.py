@@ -23,16 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.lib.graph import LocalGraph  # noqa: E402
-from bench.lib.metrics import aggregate  # noqa: E402
-from bench.lib.report import git_info, machine, now_iso  # noqa: E402
-from bench.lib.runner import RequestParams, run_point  # noqa: E402
-from bench.lib.server import Target  # noqa: E402
-from bench.lib.workloads import Segment, Session, Turn  # noqa: E402
-from common.tiny_model import make_tiny_model  # noqa: E402
+from bench.lib.graph import REPO, Graph, start_graph
+from bench.lib.metrics import aggregate
+from bench.lib.results import RESULTS, conditions, ensure_tiny_model, finish, write_result
+from bench.lib.runner import RequestParams, run_point
+from bench.lib.server import Target
+from bench.lib.workloads import Session, poisson_prompts
 
 PHASES = (("short", 512, 64), ("long_prompts", 2048, 64), ("long_answers", 2048, 512))
 
@@ -40,21 +36,18 @@ PHASES = (("short", 512, 64), ("long_prompts", 2048, 64), ("long_answers", 2048,
 def build_sessions(args: argparse.Namespace, seed: int) -> tuple[list[Session], list[float], list[str]]:
     """Every request of the run with its send time and phase; unique random prompts (no prefix hits)."""
     rng = random.Random(seed)
-    sessions, arrivals, phases = [], [], []
+    sessions: list[Session] = []
+    arrivals: list[float] = []
+    phases: list[str] = []
     for index, (name, isl, osl) in enumerate(PHASES):
-        t = index * args.phase_s
-        while True:
-            t += rng.expovariate(args.rate)
-            if t >= (index + 1) * args.phase_s:
-                break
-            tokens = tuple(rng.randrange(16, 8000) for _ in range(isl))
-            sessions.append(Session(turns=(Turn(segments=(Segment("user", tokens),), osl=osl),)))
-            arrivals.append(t)
-            phases.append(name)
+        more, times = poisson_prompts(rng, isl, osl, args.rate, index * args.phase_s, (index + 1) * args.phase_s)
+        sessions += more
+        arrivals += times
+        phases += [name] * len(more)
     return sessions, arrivals, phases
 
 
-async def sample_pools(graph: LocalGraph, t0: float, out: list[dict[str, Any]], stop: asyncio.Event) -> None:
+async def sample_pools(graph: Graph, t0: float, out: list[dict[str, Any]], stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             listed = await graph.workers()
@@ -84,15 +77,15 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
                "--max-decode", str(args.max_decode), "--planner-decisions", str(decisions)]
         if not args.reactive_only:
             up += ["--planner-profile", str(args.scaled_profile)]
-    graph = LocalGraph(up, out_dir / f"planner-graph-{variant}.log")
-    start_s = graph.start()
+    graph = start_graph(out_dir, *up, log_name=f"planner-graph-{variant}.log")
+    start_s = graph.startup_s
     sessions, arrivals, phases = build_sessions(args, args.seed)
     timeline: list[dict[str, Any]] = []
     stop = asyncio.Event()
     try:
         t0, t0_wall = time.perf_counter(), time.time()
         sampler = asyncio.create_task(sample_pools(graph, t0, timeline, stop))
-        run = await run_point(Target.parse(f"http://127.0.0.1:{graph.port}"), sessions, RequestParams(model=args.model.name),
+        run = await run_point(Target.parse(graph.url), sessions, RequestParams(model=args.model.name),
                               arrivals_s=arrivals, max_duration_s=len(PHASES) * args.phase_s + 60, timeout_s=120)
         stop.set()
         await sampler
@@ -145,13 +138,22 @@ def main() -> int:
     ap.add_argument("--reactive-only", action="store_true", help="planner without the profile's targets")
     ap.add_argument("--variants", default="planner,fixed")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=REPO / "bench/results/planner.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "planner.json")
     args = ap.parse_args()
-    if not (args.model / "config.json").exists():
-        make_tiny_model(args.model)
+    ensure_tiny_model(args.model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.scaled_profile = scaled_profile(args.profile, args.speedup, args.out.parent / "planner-profile-scaled.json")
-    started = now_iso()
+    cond = conditions(
+        "planner", engine="mock",
+        timing_profile=str(args.profile.relative_to(REPO) if args.profile.is_relative_to(REPO) else args.profile),
+        profile_conditions=json.loads(args.profile.read_text()).get("conditions", {}),
+        speedup=args.speedup, rate_rps=args.rate, arrivals="poisson", phase_s=args.phase_s,
+        phases=[{"name": n, "isl": i, "osl": o} for n, i, o in PHASES],
+        slo={"ttft_ms": args.ttft_ms, "tpot_ms": args.itl_ms, "planner_itl_p90_ms": args.itl_ms,
+             "planner_ttft_p90_ms": args.ttft_ms},
+        start="1 prefill + 1 decode", max_prefill=args.max_prefill, max_decode=args.max_decode,
+        planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
+        block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)
     runs = []
     for variant in args.variants.split(","):
         print(f"[planner] {variant} ...", file=sys.stderr, flush=True)
@@ -159,24 +161,8 @@ def main() -> int:
         runs.append(result)
         print(f"[planner] {variant}: attainment {result['slo_attainment']} "
               + " ".join(f"{k}={v['slo_attainment']}" for k, v in result["phases"].items()), file=sys.stderr)
-    doc = {
-        "bench": "planner",
-        "conditions": {
-            "engine": "mock", "timing_profile": str(args.profile.relative_to(REPO) if args.profile.is_relative_to(REPO)
-                                                     else args.profile),
-            "profile_conditions": json.loads(args.profile.read_text()).get("conditions", {}),
-            "speedup": args.speedup, "rate_rps": args.rate, "arrivals": "poisson", "phase_s": args.phase_s,
-            "phases": [{"name": n, "isl": i, "osl": o} for n, i, o in PHASES],
-            "slo": {"ttft_ms": args.ttft_ms, "tpot_ms": args.itl_ms, "planner_itl_p90_ms": args.itl_ms,
-                    "planner_ttft_p90_ms": args.ttft_ms},
-            "start": "1 prefill + 1 decode", "max_prefill": args.max_prefill, "max_decode": args.max_decode,
-            "planner_interval_s": args.interval_s, "planner_window_s": args.window_s, "model_based": not args.reactive_only,
-            "block_size": 32, "kv_transfer": "mock (simulated time)", "kvtier": False, "seed": args.seed,
-            "machine": machine(), "git": git_info(), "started": started, "finished": now_iso(),
-        },
-        "runs": runs,
-    }
-    args.out.write_text(json.dumps(doc, indent=1))
+    finish(cond)
+    write_result(args.out, {"bench": "planner", "conditions": cond, "runs": runs}, indent=1)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.frontend import git_commit, graph_pids, machine  # noqa: E402
-from bench.loadgen import chat_request, run_load_sync  # noqa: E402
-from tests.graph import start_graph, worker_stats  # noqa: E402
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return 0.0
+from bench.lib.graph import start_graph, worker_stats
+from bench.lib.load import run_load_sync
+from bench.lib.procs import rss_mib
+from bench.lib.results import RESULTS, conditions, write_result
 
 
 def main() -> None:
@@ -36,16 +26,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = ap.parse_args()
-    tmp = REPO / "bench" / "results"
-    tmp.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     num_blocks = 1024
-    graph = start_graph(tmp, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "inf",
+    graph = start_graph(RESULTS, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "inf",
                         "--num-blocks", str(num_blocks), "--log-level", "warning")
-    host, port = "127.0.0.1", int(graph.url.rsplit(":", 1)[1])
     try:
-        pids = graph_pids(graph.proc.pid)
+        pids = graph.pids()
         per_round = args.requests // args.rounds
         rounds = []
         total_ok = total_err = 0
@@ -59,11 +47,12 @@ def main() -> None:
                 bodies.append({"model": "tiny", "messages": [{"role": "user", "content": text}],
                                "max_tokens": args.max_tokens, "stream": True, "ignore_eos": True,
                                "stream_options": {"include_usage": True}})
-            reqs = [chat_request(host, port, b) for b in bodies]
-            res = run_load_sync(host, port, reqs, args.concurrency, expected_tokens=args.max_tokens)
+            res = run_load_sync(graph.url, "/v1/chat/completions", bodies, args.concurrency,
+                                expected_tokens=args.max_tokens)
             total_ok += res.num_ok
             total_err += res.num_errors
-            rounds.append({"round": r, "ok": res.num_ok, "errors": res.num_errors, "error_kinds": res.errors,
+            rounds.append({"round": r, "ok": res.num_ok, "errors": res.num_errors,
+                           "error_kinds": res.summary()["error_kinds"],
                            "requests_per_s": round(res.num_ok / res.wall_s, 1),
                            "rss_mib": {name: round(rss_mib(pid), 1) for name, pid in pids.items()}})
             print(json.dumps(rounds[-1]), flush=True)
@@ -73,20 +62,20 @@ def main() -> None:
         growth = {name: round((last[name] - warm[name]) / warm[name], 4) for name in warm}
         result = {
             "bench": "soak",
-            "conditions": {"model": "tiny (tokenizer only; mock engine)", "engine": "mock, zero delay",
-                           "pd_split": "1 prefill : 1 decode (mock), remote prefill for ~600-token prompts",
-                           "transfer_backend": "simulated (mock)", "num_requests": per_round * args.rounds,
-                           "concurrency": args.concurrency, "osl": args.max_tokens,
-                           "isl": "3/4 short chat (~20 tokens), 1/4 ~600-token chat", "block_size": 32,
-                           "num_blocks_per_worker": num_blocks, "machine": machine(), "git": git_commit(),
-                           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+            "conditions": conditions(
+                "soak", model="tiny (tokenizer only; mock engine)", engine="mock, zero delay",
+                pd_split="1 prefill : 1 decode (mock), remote prefill for ~600-token prompts",
+                transfer_backend="simulated (mock)", num_requests=per_round * args.rounds,
+                concurrency=args.concurrency, osl=args.max_tokens,
+                isl="3/4 short chat (~20 tokens), 1/4 ~600-token chat", block_size=32,
+                num_blocks_per_worker=num_blocks),
             "results": {"ok": total_ok, "errors": total_err, "lost": per_round * args.rounds - total_ok,
                         "rss_growth_after_warmup": growth, "max_rss_growth": max(growth.values()),
                         "final_worker_blocks": {w: {"free": f, "running": n} for w, (f, n) in final.items()},
                         "all_blocks_free": all(f == num_blocks and n == 0 for f, n in final.values()),
                         "rounds": rounds},
         }
-        args.out.write_text(json.dumps(result, indent=2))
+        write_result(args.out, result)
         print(json.dumps({k: v for k, v in result["results"].items() if k != "rounds"}, indent=2))
     finally:
         graph.stop()

@@ -20,21 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.lib.report import git_info, machine, now_iso  # noqa: E402
-from bench.lib.graph import LocalGraph  # noqa: E402
-from cli.launcher import GraphSpec, kvtier_block_bytes  # noqa: E402
+from bench.lib.client import Client, StreamResult
+from bench.lib.graph import Graph, ask, start_graph
+from bench.lib.machine import loadavg
+from bench.lib.results import MODEL_100M, conditions, require_model, write_result
+from cli.launcher import GraphSpec, kvtier_block_bytes
+from common.protocol import GetStats
+from common.transport import new_id
 
 GIB = 1024**3
 BLOCK = 32
@@ -65,37 +64,26 @@ def kvtier_endpoint(router_port: int) -> str:
 
 
 def tier_stats(endpoint: str) -> Any:
-    import zmq.asyncio
+    return asyncio.run(ask(endpoint, GetStats(request_id=new_id("b"))))
 
-    from common.protocol import GetStats
-    from common.transport import Client, new_id
 
-    async def ask() -> Any:
-        ctx = zmq.asyncio.Context()
-        client = Client(ctx, endpoint)
+def ttft(graph: Graph, model: str, prompt: list[int]) -> tuple[float, int]:
+    """(seconds to the first streamed token, cached prompt tokens reported in usage; -1: none reported)."""
+
+    async def one() -> StreamResult:
+        client = Client(graph.url)
         try:
-            return await client.request(GetStats(request_id=new_id("b")), 5.0)
+            return await client.stream("/v1/completions", {
+                "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True}, 120.0)
         finally:
-            await client.close()
-            ctx.term()
+            await client.aclose()
 
-    return asyncio.run(ask())
-
-
-def ttft(port: int, model: str, prompt: list[int]) -> tuple[float, int]:
-    """(seconds to the first streamed token, cached prompt tokens reported in usage)."""
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=120)
-    t0 = time.perf_counter()
-    first, cached = None, -1
-    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, stream=True,
-                                           stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
-        if first is None and chunk.choices and chunk.choices[0].text is not None:
-            first = time.perf_counter() - t0
-        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
-    return (first if first is not None else time.perf_counter() - t0), cached
+    res = asyncio.run(one())
+    if not res.ok:
+        raise RuntimeError(f"request failed: {res.error}")
+    return (res.ttft_s if res.ttft_s is not None else res.e2e_s), (-1 if res.cached_tokens is None
+                                                                   else res.cached_tokens)
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -124,7 +112,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     block_bytes = kvtier_block_bytes(spec)
     num_blocks_p = (args.prompt_tokens - 1) // BLOCK
     work = Path(tempfile.mkdtemp(prefix="bench-tiers-"))
-    graph = LocalGraph(up_args(args, block_bytes, work / "disk"), work / "graph.log")
     model = args.model.resolve().name
     seed = [0]
 
@@ -134,22 +121,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # recompute: P itself fresh (same ISL as host/disk); filler: the 2,040-token fillers, also recomputed.
     samples: dict[str, list[dict[str, Any]]] = {"recompute": [], "host": [], "disk": [], "filler": []}
-    load_before = os.getloadavg()
+    load_before = loadavg()
     raws = []
     if not args.skip_raw:  # the reference, on the same KV shape, before and after the graph (noise: both kept)
         from bench.nixl_read import run as raw_read
 
         raws.append(raw_read(args.model, args.dtype, args.prompt_tokens, BLOCK, repeats=30))
-    graph.start()
+    graph = start_graph(work, *up_args(args, block_bytes, work / "disk"), ready_timeout_s=300.0)
     try:
         endpoint = kvtier_endpoint(graph.router_port)
         time.sleep(3)  # kvtier registers its pool with NIXL seconds after it starts
         for _ in range(2):  # warm-up: first requests pay one-off costs
-            ttft(graph.port, model, prompt(args.prompt_tokens))
+            ttft(graph, model, prompt(args.prompt_tokens))
 
         def timed(kind: str, tokens: list[int], hits_key: str = "") -> None:
             before = tier_stats(endpoint)
-            seconds, cached = ttft(graph.port, model, tokens)
+            seconds, cached = ttft(graph, model, tokens)
             after = tier_stats(endpoint)
             hits = getattr(after, hits_key) - getattr(before, hits_key) if hits_key else 0
             valid = (cached == num_blocks_p * BLOCK and hits == num_blocks_p) if hits_key else cached == 0
@@ -198,45 +185,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                        "demotions", "checksum_failures", "disk_io", "nixl")},
         # bench/nixl_read.py before and after the graph: READ of the same blocks between two bare processes.
         "raw_nixl_read": raws,
-        "conditions": {
-            "model": str(args.model), "dtype": args.dtype, "isl": args.prompt_tokens, "osl": 1,
-            "filler_tokens": FILLER_TOKENS, "block_size": BLOCK, "block_bytes": block_bytes,
-            "blocks_onboarded": num_blocks_p, "engine_num_blocks": NUM_BLOCKS, "host_slots": HOST_SLOTS,
-            "rounds": args.rounds, "workers": "1 aggregated vLLM worker (core 0), kvtier, router, frontend",
-            "tiers": {"host": "kvtier host pool (NIXL-registered DRAM)",
-                      "disk": "kvtier disk slab (page cache), read into bounce slots of the pool on lookup"},
-            "transfer_backend": {"host": "NIXL UCX READ into the worker's KV cache + xxh3 check per block",
-                                 "disk": "kvtier: NIXL POSIX file -> bounce slot + xxh3; worker: NIXL UCX READ + "
-                                         "xxh3", "save": "inline bytes over ZeroMQ"},
-            "ttft": "HTTP /v1/completions stream, max_tokens=1, to the first token",
-            "machine": machine(), "git": git_info(), "timestamp": now_iso(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "conditions": conditions(
+            "tiers", model=str(args.model), dtype=args.dtype, isl=args.prompt_tokens, osl=1,
+            filler_tokens=FILLER_TOKENS, block_size=BLOCK, block_bytes=block_bytes, blocks_onboarded=num_blocks_p,
+            engine_num_blocks=NUM_BLOCKS, host_slots=HOST_SLOTS, rounds=args.rounds,
+            workers="1 aggregated vLLM worker (core 0), kvtier, router, frontend",
+            tiers={"host": "kvtier host pool (NIXL-registered DRAM)",
+                   "disk": "kvtier disk slab (page cache), read into bounce slots of the pool on lookup"},
+            transfer_backend={"host": "NIXL UCX READ into the worker's KV cache + xxh3 check per block",
+                              "disk": "kvtier: NIXL POSIX file -> bounce slot + xxh3; worker: NIXL UCX READ + xxh3",
+                              "save": "inline bytes over ZeroMQ"},
+            ttft="HTTP /v1/completions stream (bench/lib/client.py), max_tokens=1, to the first token",
+            loadavg_before=load_before, loadavg_after=loadavg()),
     }
     return doc
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny-100m")
+    ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--prompt-tokens", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--skip-raw", action="store_true", help="no raw NIXL READ reference")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.model / "config.json").exists():
-        raise SystemExit(f"{args.model}: no model (python -m cli.main model make-tiny --size 100m --out {args.model})")
+    require_model(args.model)
     if args.prompt_tokens > (NUM_BLOCKS - 1) * BLOCK - 1:
         raise SystemExit(f"--prompt-tokens must be < {(NUM_BLOCKS - 1) * BLOCK}")
     doc = run(args)
-    text = json.dumps(doc, indent=2)
     print(json.dumps({k: doc[k] for k in ("ttft_ms", "ttft_ratio_vs_recompute")}, indent=2))
     print(json.dumps({k: v for k, v in doc["onboarding_host"].items() if k != "loads"}, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_result(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ parses flags into a ``BenchConfig``.
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,9 @@ from typing import Any, Callable
 
 from bench.lib import plots
 from bench.lib.metrics import aggregate
-from bench.lib.report import SCHEMA, git_info, machine, now_iso, validate
+from bench.lib.procs import self_cpu_s
+from bench.lib.machine import machine
+from bench.lib.report import SCHEMA, now_iso, validate
 from bench.lib.runner import PointRun, Progress, RequestParams, dumps, request_rows, run_point
 from bench.lib.server import Target, is_loopback, metric_deltas, scrape, server_facts, server_models
 from bench.lib.workloads import WorkloadSpec, make_workload, poisson_arrivals
@@ -86,6 +87,8 @@ def _transfer_backend(cfg: BenchConfig, facts: dict[str, Any]) -> str:
 def base_conditions(cfg: BenchConfig, target: Target, model: str, models: list[str],
                     facts: dict[str, Any]) -> dict[str, Any]:
     user = dict(cfg.conditions)
+    host = machine()
+    git = host.pop("git")  # schema v1 keeps the commit apart from the machine
     if cfg.label:
         user["label"] = cfg.label
     return {
@@ -100,9 +103,9 @@ def base_conditions(cfg: BenchConfig, target: Target, model: str, models: list[s
         "pd_split": user.get("pd") or user.get("pd_split") or facts.get("pd_split"),
         "block_size": int(user["block_size"]) if user.get("block_size", "").isdigit() else facts.get("block_size"),
         "transfer_backend": _transfer_backend(cfg, facts),
-        "server": facts, "machine": machine(), "git": git_info(), "timestamp": now_iso(),
+        "server": facts, "machine": host, "git": git, "timestamp": now_iso(),
         "client": {
-            "tool": "splitserve bench (bench/lib: raw asyncio HTTP/1.1 keep-alive, SSE timestamps per chunk)",
+            "tool": "splitserve bench (bench/lib/client.py: aiohttp keep-alive, SSE events timed as they arrive)",
             "argv": cfg.argv, "ignore_eos": cfg.ignore_eos, "temperature": cfg.temperature,
             "continuous_usage_stats": cfg.continuous_usage,
             "prompt": "token-id list to /v1/completions (exact ISL)" if cfg.endpoint == "completions"
@@ -134,11 +137,6 @@ def _run(target: Target, sessions, params: RequestParams, load: dict[str, Any], 
     return uvloop.run(run_point(target, sessions, params, concurrency=load["concurrency"], arrivals_s=arrivals,
                                 max_concurrency=load.get("max_concurrency"), max_duration_s=cfg.max_duration_s,
                                 timeout_s=cfg.timeout_s, progress=prog))
-
-
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def point_line(doc: dict[str, Any]) -> str:
@@ -206,9 +204,9 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict[str
                  name + " warmup", sum(len(s.turns) for s in warm))
         arrivals = _arrivals(cfg, load, sessions, salt)
         before = scrape(target)
-        load_before, cpu_before = os.getloadavg(), _cpu_s()
+        load_before, cpu_before = os.getloadavg(), self_cpu_s()
         run = _run(target, sessions, params, load, arrivals, cfg, name, num)
-        client_cpu_s = _cpu_s() - cpu_before
+        client_cpu_s = self_cpu_s() - cpu_before
         after = scrape(target)
         timings = [s.timing() for s in run.sent]
         results = aggregate(timings, run.duration_s, cfg.slo)

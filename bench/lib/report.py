@@ -6,54 +6,9 @@ point (the same conditions plus that point's load and per-request rows), so any 
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
-import sys
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
 SCHEMA = "splitserve.bench/v1"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count()
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpus_available": cpus, "cpu_model": model or platform.processor(),
-            "mem_gib": mem_gib, "hostname": platform.node(), "os": platform.platform(),
-            "python": sys.version.split()[0], "loadavg": [round(x, 2) for x in os.getloadavg()]}
-
-
-def git_info(repo: Path = REPO) -> dict[str, Any]:
-    """Commit of the splitserve checkout this client runs from (read-only git calls, no index refresh)."""
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, env=env,
-                                check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, env=env, timeout=10).stdout.splitlines()
-        return {"commit": commit, "dirty": bool(dirty), "dirty_files": [d[3:] for d in dirty][:50]}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None, "dirty_files": []}
 
 
 def now_iso() -> str:

@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import orjson
 
-from bench.lib.client import ConnPool, StreamResult, build_request
-from bench.lib.metrics import RequestTiming, attribute_tokens
+from bench.lib.client import Client, StreamResult
+from bench.lib.metrics import RequestTiming
 from bench.lib.server import Target
 from bench.lib.workloads import Session, Turn, chat_messages
 
@@ -48,11 +48,7 @@ class Sent:
     result: StreamResult
 
     def timing(self) -> RequestTiming:
-        r = self.result
-        tokens = attribute_tokens(r.chunk_tokens, r.completion_tokens)
-        return RequestTiming(ok=r.ok, e2e_s=r.end_s - r.sent_s, chunk_times_s=list(r.chunk_times_s),
-                             chunk_tokens=tokens, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                             cached_tokens=r.cached_tokens, error=r.error)
+        return self.result.timing()
 
 
 @dataclass
@@ -126,8 +122,8 @@ async def run_point(target: Target, sessions: list[Session], params: RequestPara
     """Closed loop when ``concurrency`` is given, else open loop with ``arrivals_s`` (one per session)."""
     if (concurrency is None) == (arrivals_s is None):
         raise ValueError("give exactly one of concurrency and arrivals_s")
-    pool = ConnPool(target.host, target.port, target.scheme == "https")
-    path = target.path_prefix + ("/v1/chat/completions" if params.endpoint == "chat" else "/v1/completions")
+    client = Client(target.url, target.api_key)
+    path = "/v1/chat/completions" if params.endpoint == "chat" else "/v1/completions"  # under target.url
     sent: list[Sent] = []
     t0 = time.perf_counter()
     deadline = t0 + max_duration_s
@@ -140,15 +136,15 @@ async def run_point(target: Target, sessions: list[Session], params: RequestPara
         if time.perf_counter() >= deadline:
             stopped = True
             return False
-        req = build_request(target.host, target.port, path, request_body(turn, params), target.api_key)
+        body = request_body(turn, params)
         if prog:
             prog.inflight += 1
         start = time.perf_counter() - t0
         if cap is not None:
             async with cap:
-                res = await pool.request(req, timeout_s)
+                res = await client.stream(path, body, timeout_s)
         else:
-            res = await pool.request(req, timeout_s)
+            res = await client.stream(path, body, timeout_s)
         item = Sent(si, ti, turn.isl, turn.osl, start, res)
         sent.append(item)
         if prog:
@@ -206,7 +202,7 @@ async def run_point(target: Target, sessions: list[Session], params: RequestPara
     finally:
         ticker_stop.set()
         await tick
-        pool.close()
+        await client.aclose()
         if prog:
             prog.finish()
     wall = time.perf_counter() - t0
@@ -217,7 +213,7 @@ async def run_point(target: Target, sessions: list[Session], params: RequestPara
     else:
         duration = 0.0
     sent.sort(key=lambda s: (s.start_s, s.session, s.turn))
-    return PointRun(sent, duration, wall, pool.opened, stopped)
+    return PointRun(sent, duration, wall, client.opened, stopped)
 
 
 def request_rows(run: PointRun) -> list[dict[str, Any]]:

@@ -7,11 +7,11 @@ import json
 import math
 import re
 import socket
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from bench.lib.client import get as http_get
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,7 @@ def is_loopback(host: str) -> bool:
 
 def get(target: Target, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
     """GET ``path`` on the server; (status, body), status 0 when it could not be reached."""
-    req = urllib.request.Request(target.url + path)
-    if target.api_key:
-        req.add_header("Authorization", f"Bearer {target.api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read() if exc.fp else b""
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, b""
+    return http_get(target.url + path, target.api_key, timeout_s)
 
 
 def get_json(target: Target, path: str) -> Any:
@@ -146,8 +137,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def scrape(target: Target) -> dict[str, float] | None:
-    status, body = get(target, "/metrics")
+def scrape(target: Target | str) -> dict[str, float] | None:
+    """The /metrics of a server (a ``Target``, or a bare metrics URL), parsed; None when it could not be read."""
+    status, body = get(target, "/metrics") if isinstance(target, Target) else http_get(target)
     if status != 200:
         return None
     return parse_prometheus(body.decode(errors="replace"))

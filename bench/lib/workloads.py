@@ -293,6 +293,20 @@ def poisson_arrivals(n: int, rate: float, seed: int, salt: int = 0) -> list[floa
     return out
 
 
+def poisson_prompts(rng: random.Random, isl: int, osl: int, rate: float, start_s: float,
+                    end_s: float) -> tuple[list[Session], list[float]]:
+    """One-turn sessions of unique random prompts (ids in [16, 8000): no prefix hits) and their send times (s):
+    a Poisson process of ``rate`` per second over [start_s, end_s)."""
+    sessions, arrivals, t = [], [], start_s
+    while True:
+        t += rng.expovariate(rate)
+        if t >= end_s:
+            return sessions, arrivals
+        tokens = tuple(rng.randrange(16, 8000) for _ in range(isl))
+        sessions.append(Session((Turn((Segment("user", tokens),), osl),)))
+        arrivals.append(t)
+
+
 def tokens_to_text(tokens: tuple[int, ...] | list[int]) -> str:
     return " ".join(_WORDS[t % len(_WORDS)] for t in tokens)
 

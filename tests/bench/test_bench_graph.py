@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.graph import start_graph
+from bench.lib.graph import start_graph
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import uvloop
 from typer.testing import CliRunner
 
 from bench.lib.bench import BenchConfig, BenchError, run_bench
-from bench.lib.client import ConnPool, build_request
+from bench.lib.client import Client
 from bench.lib.report import validate
 from bench.lib.server import Target, is_loopback, metric_deltas, parse_prometheus
 from bench.lib.workloads import WorkloadSpec
@@ -21,11 +21,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def _stream(server: FakeServer, body: dict):
     async def go():
-        pool = ConnPool("127.0.0.1", server.port)
+        client = Client(server.url)
         try:
-            return await pool.request(build_request("127.0.0.1", server.port, "/v1/completions", body), 10.0)
+            return await client.stream("/v1/completions", body, 10.0)
         finally:
-            pool.close()
+            await client.aclose()
 
     return uvloop.run(go())
 

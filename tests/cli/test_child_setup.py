@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.lib.graph import wait_until
 from cli.child_setup import launcher_env
-from tests.graph import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = """

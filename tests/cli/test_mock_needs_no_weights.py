@@ -9,10 +9,10 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
+from bench.lib.graph import tiny_model_dir
 from cli.main import app
 from common.errors import ModelError
 from common.tiny_model import validate_model_dir
-from tests.graph import tiny_model_dir
 
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from cli.launcher import free_port
-from tests.graph import Graph, start_graph
+from bench.lib.graph import Graph, start_graph
+from cli.ports import free_port
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-
+from bench.lib.graph import Graph
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -9,10 +9,10 @@ import urllib.request
 import httpx
 import pytest
 
+from bench.lib.graph import Graph, wait_until, worker_stats
 from common.timing import TimingModel
 from services.router.topology import TopologyConfig
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, wait_until, worker_stats
 
 MOCK_KV_BYTES_PER_TOKEN = 36864  # MockEngineConfig's default
 LONG_PROMPT = list(range(100, 100 + 700))  # 700 tokens: above the local-prefill threshold (256)

@@ -12,10 +12,10 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.lib.graph import Graph, worker_stats
 from common.protocol import ListWorkers, WorkerList
 from common.transport import Client, new_id
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, worker_stats
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import urllib.request
 
+from bench.lib.graph import Graph, wait_until
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, wait_until
 
 
 def _router_metric(graph: Graph, name: str) -> float:

@@ -16,10 +16,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
 from common.protocol import GetStats, TierStats
 from common.transport import Client, new_id
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, child_pid, start_graph, wait_until, worker_stats
 
 BLOCK = 32
 PREFIX = [200 + i for i in range(8 * BLOCK + 5)]  # 8 full blocks

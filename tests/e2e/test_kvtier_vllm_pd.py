@@ -9,9 +9,9 @@ import importlib.util
 
 import pytest
 
+from bench.lib.graph import start_graph, wait_until, worker_stats
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_kvtier_vllm import FILLERS, PREFIX, complete
-from tests.graph import start_graph, wait_until, worker_stats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import openai
 
+from bench.lib.graph import Graph, start_graph, wait_until
 from tests.e2e.test_openai_api import MODEL
-from tests.graph import Graph, start_graph, wait_until
 
 
 def test_api_key_and_load_shedding(tmp_path, monkeypatch) -> None:

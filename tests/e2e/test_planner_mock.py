@@ -12,28 +12,16 @@ import threading
 
 import httpx
 import pytest
-import zmq.asyncio
 
-from common.protocol import ListWorkers, WorkerList
-from common.transport import Client, new_id
-from tests.e2e.test_openai_api import MODEL
+from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from bench.lib.graph import list_workers as graph_list_workers
+from common.protocol import WorkerList
 from tests.e2e.test_faults_mock import stream_in_background
-from tests.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from tests.e2e.test_openai_api import MODEL
 
 
 def list_workers(router: str) -> WorkerList:
-    async def ask() -> WorkerList:
-        ctx = zmq.asyncio.Context()
-        client = Client(ctx, router)
-        try:
-            reply = await client.request(ListWorkers(request_id=new_id("t")), 5.0)
-            assert isinstance(reply, WorkerList)
-            return reply
-        finally:
-            await client.close()
-            ctx.term()
-
-    return asyncio.run(ask())
+    return asyncio.run(graph_list_workers(router))
 
 
 def metric(graph: Graph, name: str) -> float:

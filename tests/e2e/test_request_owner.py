@@ -7,9 +7,16 @@ import asyncio
 
 import zmq.asyncio
 
-from common.protocol import Abort, Generate, ListWorkers, SamplingParams, Tokens, WorkerList
+from bench.lib.graph import Graph
+from common.protocol import (
+    Abort,
+    Generate,
+    ListWorkers,
+    SamplingParams,
+    Tokens,
+    WorkerList,
+)
 from common.transport import Client, new_id
-from tests.graph import Graph
 
 
 async def _abort_from_another_peer(router: str) -> list[Tokens]:

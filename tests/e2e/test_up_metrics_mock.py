@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.lib.graph import Graph, child_pid, start_graph, wait_until
 from tests.cli.test_child_setup import alive
 from tests.cli.test_mock_needs_no_weights import weightless_model
-from tests.graph import Graph, child_pid, start_graph, wait_until
 
 PREFIXES = {"router": "splitserve_router_", "worker": "splitserve_worker_", "kvtier": "splitserve_kvtier_",
             "frontend": "splitserve_frontend_"}

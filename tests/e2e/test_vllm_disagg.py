@@ -3,16 +3,23 @@ engine doing both. fp32, greedy: outputs must match token for token (compared as
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import subprocess
 import sys
 
 import pytest
 
+from bench.lib.graph import (
+    REPO,
+    Graph,
+    list_workers,
+    start_graph,
+    wait_until,
+    worker_stats,
+)
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
-from tests.e2e.test_planner_mock import list_workers
-from tests.graph import REPO, Graph, start_graph, wait_until, worker_stats
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
@@ -47,7 +54,7 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     # from) once a heartbeat has carried it to the router. Both workers registered their KV size.
     assert wait_until(lambda: {p.src_worker_id for p in worker_stats(vllm_pd.router)["decode-1"].recent_transfers}
                       == {"prefill-0"}, timeout_s=5)
-    assert all(info.kv_bytes_per_token > 0 for info in list_workers(vllm_pd.router).workers)
+    assert all(info.kv_bytes_per_token > 0 for info in asyncio.run(list_workers(vllm_pd.router)).workers)
     vllm_pd.stop()  # two more engines would not fit beside these on 2 cores
     agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1")
     try:

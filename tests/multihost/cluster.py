@@ -20,10 +20,10 @@ from pathlib import Path
 import openai
 import zmq.asyncio
 
+from bench.lib.graph import REPO, worker_stats
 from bench.lib.hosts import Host, HostProc, Hosts
 from common.protocol import ListWorkers, WorkerList, WorkerStats
 from common.transport import Client, new_id
-from tests.graph import REPO, worker_stats
 
 ROUTER_PORT, EVENTS_PORT, FRONTEND_PORT, WORKER_PORT, KVTIER_PORT = 5550, 5551, 8000, 5560, 5570
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib.graph import wait_until
 from bench.lib.host_runs import NAME_RE, cleanup_stale, subnet_prefix
 from bench.lib.hosts import hosts
 from common.errors import NetemUnavailable
-from tests.graph import wait_until
 
 pytestmark = pytest.mark.multihost
 

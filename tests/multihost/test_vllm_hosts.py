@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib.graph import tiny_model_dir
 from bench.lib.hosts import Host
 from common.protocol import WorkerStats
-from tests.graph import tiny_model_dir
 from tests.multihost.cluster import Cluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.vllm,

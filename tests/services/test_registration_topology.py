@@ -12,7 +12,8 @@ from common.protocol import ListWorkers, WorkerList
 from common.transport import Client, TransportConfig, new_id
 from services.kvtier.service import KvTierConfig, KvTierService
 from services.router.service import RouterConfig, RouterService
-from services.worker.engines.mock.engine import MockEngine, MockEngineConfig
+from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.engine import MockEngine
 from services.worker.service import WorkerConfig, WorkerService
 
 
