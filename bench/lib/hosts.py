@@ -122,7 +122,8 @@ class Host:
     init_pid: int = 0  # PID 1 of the host, in the root PID namespace
     procs: list[HostProc] = field(default_factory=list)
 
-    def _ensure_init(self) -> int:
+    def ensure_init(self) -> int:
+        """PID 1 of the host (started again after kill_all), in the root PID namespace."""
         if self.init is not None and self.init.poll() is None:
             return self.init_pid
         script = f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec {sys.executable} -c \"$0\""
@@ -145,7 +146,7 @@ class Host:
     def command(self, cmd: list[str], core: int | None = None, cwd: str | None = None) -> list[str]:
         """``cmd`` prefixed to run inside this host (its network, PID, IPC and mount namespaces)."""
         pin = ["taskset", "-c", str(core)] if core is not None else []
-        return ["nsenter", f"--target={self._ensure_init()}", "--net", "--pid", "--ipc", "--mount",
+        return ["nsenter", f"--target={self.ensure_init()}", "--net", "--pid", "--ipc", "--mount",
                 f"--wd={cwd or os.getcwd()}", "--", *pin, *cmd]
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
@@ -164,7 +165,11 @@ class Host:
         return subprocess.run(self.command(cmd), capture_output=True, text=True, timeout=timeout_s, check=False)
 
     def kill_all(self) -> None:
-        """kill -9 every process on this host (SIGKILL to its PID namespace's init takes them all)."""
+        """kill -9 every process on this host (SIGKILL to its PID namespace's init takes them all).
+
+        The next spawn starts a new init; call it from a thread that outlives the host's processes (the init
+        gets SIGKILL when the thread that started it exits, so a killed test process leaves nothing running).
+        """
         if self.init is not None:
             kill_quietly(self.init_pid)
             self.init.communicate()  # waits, and closes its pipes
@@ -265,6 +270,8 @@ def _build(uid: str, k: int, n: int) -> Hosts:
     ip("link", "set", "root", "master", "br0", "up", ns=bridge_ns)
     ip("addr", "add", f"{net}.{ROOT_HOST}/24", "dev", root_link)
     ip("link", "set", root_link, "up")
+    for host in hosts:  # now, on the caller's thread: a host's init dies with the thread that started it
+        host.ensure_init()
     return Hosts(uid, k, hosts, f"{net}.{ROOT_HOST}", root_link)
 
 
