@@ -63,7 +63,7 @@ def error_body(message: str, code: str | None = None) -> bytes:
 class Response:
     """Writes one response on a connection: either ``send`` whole, or ``start`` + ``write``... + ``end``."""
 
-    __slots__ = ("_conn", "keep_alive", "_head_only", "_http10", "started", "done", "status")
+    __slots__ = ("_conn", "_head_only", "_http10", "done", "keep_alive", "started", "status")
 
     def __init__(self, conn: Connection, keep_alive: bool, head_only: bool = False, http10: bool = False) -> None:
         self._conn = conn
