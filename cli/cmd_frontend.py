@@ -12,6 +12,7 @@ from cli.options import (
     CurveDir,
     LogJson,
     LogLevel,
+    MetricsHost,
     transport,
     validated,
 )
@@ -37,6 +38,8 @@ def frontend(
     open_paths: str = typer.Option("/health,/metrics,/dashboard", help="Paths served without the API key"),
     log_prompts: bool = typer.Option(False, help="Log each request's prompt text (off: never logged)"),
     tokenizer_threads: int = typer.Option(2, help="Threads that template and tokenize long prompts"),
+    metrics_port: int = typer.Option(0, help="This process's own Prometheus port (0: /metrics on --port only)"),
+    metrics_host: str = MetricsHost,
     max_inflight: int = typer.Option(4096, envvar="SPLITSERVE_MAX_INFLIGHT",
                                      help="Requests in flight before new ones get 503"),
     curve_dir: Path | None = CurveDir,
@@ -59,5 +62,6 @@ def frontend(
                         body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
                         max_connections=max_connections, reuse_port=reuse_port),
         api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,
-        open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads)
+        open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads,
+        metrics_port=metrics_port, metrics_host=metrics_host)
     run_service(FrontendService(config).run)

@@ -10,6 +10,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    start_http_server,
 )
 
 # Fine enough around usual SLOs (ITL 20-100 ms, TTFT 0.2-2 s) that the planner's p90 (interpolated inside a
@@ -77,3 +78,8 @@ class FrontendMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """This process's metrics on a port of its own too: with several frontends sharing one HTTP port
+        (SO_REUSEPORT), /metrics there answers from whichever process the kernel picked."""
+        start_http_server(port, addr=host, registry=self.registry)

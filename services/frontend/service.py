@@ -59,6 +59,9 @@ class FrontendConfig:
     log_prompts: bool = False
     # Threads that template and tokenize long prompts off the event loop.
     num_tokenizer_threads: int = 2
+    # This process's own Prometheus port (0: /metrics on the HTTP port only).
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
     max_inflight_requests: int = 4096
 
@@ -80,6 +83,8 @@ class FrontendService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
             self.port = port
+            if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
+                self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
                      model=self.config.model_name)
             if ready is not None:
