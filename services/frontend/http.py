@@ -276,6 +276,10 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         self._timer = None
+        if self._paused and not self._stopped:
+            # We stopped reading (requests queued ahead): the rest may be waiting in the socket, not late.
+            self._arm(self._config.header_timeout_s)
+            return
         if self._current is None and not self._queue and self._mid_message:
             Response(self, keep_alive=False).send(408, error_body("request not received in time", "timeout"))
         self._close()
