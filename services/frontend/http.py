@@ -29,6 +29,10 @@ log = structlog.get_logger(__name__)
 # Bytes a connection buffers within one loop turn before it writes them at once.
 _FLUSH_BYTES = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# After an error answer the server itself gives (413, 431, 400), the connection reads and drops what the client
+# is still sending for this long before closing: closing with unread bytes would reset the connection, and the
+# client, busy sending its body, would never read the answer.
+_LINGER_S = 2.0
 
 Handler = Callable[[Request, Response], Awaitable[None]]
 OnError = Callable[[Response, BaseException], None]
@@ -235,7 +239,7 @@ class _Connection(asyncio.Protocol):
                 self._transport.resume_reading()  # type: ignore[union-attr]
             if isinstance(item, _Reject):
                 Response(self, keep_alive=False).send(item.status, item.body)
-                self._close()
+                self._linger_close()
                 return
             resp = Response(self, item.keep_alive, head_only=item.method == "HEAD", http10=item.http10)
             self._current = self._loop.create_task(self._server.handler(item, resp))
@@ -288,6 +292,21 @@ class _Connection(asyncio.Protocol):
         self._flush()
         if self._transport is not None:
             self._transport.close()
+
+    def _linger_close(self) -> None:
+        transport = self._transport
+        self._flush()
+        if transport is None or self.closed or not transport.can_write_eof():
+            self._close()
+            return
+        transport.write_eof()  # the answer, then FIN; what comes in meanwhile is dropped (self._stopped)
+        self._paused = False
+        transport.resume_reading()
+        self._disarm()
+        self._timer = self._loop.call_later(_LINGER_S, transport.close)
+
+    def eof_received(self) -> bool:
+        return False  # the client is done sending: close (a half-open connection serves nobody)
 
     def write(self, data: bytes) -> None:
         if self.closed or self._transport is None:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 
 from services.frontend.http import Request, Response
 from tests.services.frontend.http_client import closed, connect, read_reply, running
+
+
+def _send_all_then_read(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        return sock.recv(65536).split(b"\r\n", 1)[0]
 
 
 async def echo(req: Request, resp: Response) -> None:
@@ -84,6 +91,11 @@ async def test_body_cap_decided_from_content_length_before_reading() -> None:
         assert reply.status == 413
         assert reply.headers["connection"] == "close"
         assert await closed(reader)
+        # A client that sends its whole body before reading (urllib does) still gets the answer: the server
+        # drops the unread bytes instead of resetting the connection under the client's send.
+        status_line = await asyncio.to_thread(_send_all_then_read, port, b"POST /x HTTP/1.1\r\nHost: a\r\n"
+                                              b"Content-Length: 9000000\r\n\r\n" + b"x" * 9_000_000)
+        assert status_line.startswith(b"HTTP/1.1 413")
 
 
 async def test_expect_100_continue() -> None:
