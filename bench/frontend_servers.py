@@ -1,8 +1,8 @@
 """Which HTTP server for the frontend: ours (services/frontend/http.py) side by side with uvicorn and granian.
 
-One mock graph (``up --engine mock --mock-speedup inf --aggregated 2``: router, 2 zero-delay mock workers) and
-next to it one extra frontend process per server, all on the same router and the same FrontendService (routes,
-tokenizer, pipeline): only the HTTP layer differs.
+One mock graph (``up --engine mock --mock-speedup inf --aggregated 2 --no-kvtier``: router, 2 zero-delay mock
+workers) and next to it one extra frontend process per server, all on the same router and the same
+FrontendService (routes, tokenizer, pipeline): only the HTTP layer differs.
 
   ours:     ``splitserve frontend`` (asyncio + httptools, uvloop)
   uvicorn:  uvicorn (http=httptools, loop=uvloop), a plain ASGI app over FrontendService.handle, no framework
@@ -154,8 +154,16 @@ class _Conn(asyncio.Protocol):
         if not self.first_s:
             self.first_s = time.perf_counter()
         self.buf += data
-        if self.buf.endswith(b"0\r\n\r\n") and self.fut is not None and not self.fut.done():
+        if self.fut is None or self.fut.done():
+            return
+        if self.buf.endswith(b"0\r\n\r\n"):  # a stream's last chunk
             self.fut.set_result(bytes(self.buf))
+        elif not self.buf.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in self.buf:  # an error, whole
+            head, _, body = bytes(self.buf).partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            if len(body) >= length:
+                self.fut.set_result(bytes(self.buf))
 
     def connection_lost(self, exc) -> None:
         if self.fut is not None and not self.fut.done():
@@ -169,19 +177,28 @@ async def _run_load(port: int, requests: list[bytes], concurrency: int) -> dict:
 
     async def slot() -> None:
         nonlocal errors
-        _, conn = await loop.create_connection(_Conn, "127.0.0.1", port)
+        conn = None
         for req in it:
+            if conn is None or conn.transport.is_closing():
+                _, conn = await loop.create_connection(_Conn, "127.0.0.1", port)
             conn.buf.clear()
             conn.first_s = 0.0
             conn.fut = loop.create_future()
             t0 = time.perf_counter()
             conn.transport.write(req)
-            body = await asyncio.wait_for(conn.fut, 60)
+            try:
+                body = await asyncio.wait_for(conn.fut, 60)
+            except (ConnectionError, TimeoutError):
+                errors += 1
+                conn.transport.close()
+                continue
             if not body.startswith(b"HTTP/1.1 200") or b"[DONE]" not in body:
                 errors += 1
+                continue
             ttft.append(conn.first_s - t0)
             e2e.append(time.perf_counter() - t0)
-        conn.transport.close()
+        if conn is not None:
+            conn.transport.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(slot() for _ in range(concurrency)))
@@ -302,7 +319,8 @@ def main() -> None:
     log = open(RESULTS / "frontend_servers.log", "wb")
     graph_port, router_port = free_port(), free_port()
     graph = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--engine", "mock", "--mock-speedup", "inf",
-                              "--aggregated", "2", "--port", str(graph_port), "--router-port", str(router_port),
+                              "--aggregated", "2", "--no-kvtier", "--port", str(graph_port),
+                              "--router-port", str(router_port),
                               "--model", str(args.model), "--log-level", "warning"],
                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     servers: dict[str, tuple[int, subprocess.Popen]] = {}
@@ -349,7 +367,7 @@ def main() -> None:
         except md.PackageNotFoundError:
             versions[pkg] = None
     conditions = {
-        "graph": "up --engine mock --mock-speedup inf --aggregated 2 (router, 2 zero-delay mock workers, kvtier)",
+        "graph": "up --engine mock --mock-speedup inf --aggregated 2 --no-kvtier (router, 2 zero-delay mock workers)",
         "servers": "one extra frontend process each, same router, same FrontendService; ours = splitserve "
                    "frontend; uvicorn http=httptools loop=uvloop; granian --interface asgi --workers 1 --loop uvloop",
         "request": "POST /v1/chat/completions stream=true include_usage ignore_eos", "osl": args.max_tokens,
