@@ -289,7 +289,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--long-words", type=int, default=1900, help="words of the long prompt (~2,000 tokens)")
+    ap.add_argument("--long-tokens", type=int, default=2000, help="prompt tokens of the long workload")
     ap.add_argument("--rounds", type=int, default=2, help="A B C repeated this many times")
     ap.add_argument("--model", type=Path, default=REPO / "models" / "tiny")
     ap.add_argument("--granian-path", default="", help="extra sys.path where granian is installed")
@@ -310,9 +310,18 @@ def main() -> None:
     model_name = args.model.resolve().name
     RESULTS.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
-    long_base = " ".join(rng.choice(_WORDS) for _ in range(args.long_words))
+    words = [rng.choice(_WORDS) for _ in range(args.long_tokens * 2)]
     tok = ModelTokenizer(args.model)
-    long_isl = len(tok.apply_chat_template([{"role": "user", "content": "Request 0: " + long_base}]).token_ids)
+
+    def isl(num_words: int) -> int:
+        text = "Request 0: " + " ".join(words[:num_words])
+        return len(tok.apply_chat_template([{"role": "user", "content": text}]).token_ids)
+
+    lo, hi = 1, len(words)
+    while lo < hi:  # fewest words reaching the target
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if isl(mid) < args.long_tokens else (lo, mid)
+    long_base, long_isl = " ".join(words[:lo]), isl(lo)
     texts = {"short": lambda i: f"Request {i}: tell me a short story about a fox.",
              "long": lambda i: f"Request {i}: {long_base}"}
 
@@ -362,10 +371,8 @@ def main() -> None:
 
     versions = {}
     for pkg in ("uvicorn", "httptools", "uvloop", "granian"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
+        found = [d.version for d in md.distributions(name=pkg, path=[args.granian_path, *sys.path])]
+        versions[pkg] = found[0] if found else None
     conditions = {
         "graph": "up --engine mock --mock-speedup inf --aggregated 2 --no-kvtier (router, 2 zero-delay mock workers)",
         "servers": "one extra frontend process each, same router, same FrontendService; ours = splitserve "
