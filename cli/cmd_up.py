@@ -100,6 +100,8 @@ def up(
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT", help="Frontend's HTTP port (also its /metrics)",
                              rich_help_panel=NETWORK),
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)", rich_help_panel=NETWORK),
+    frontends: int = typer.Option(1, min=1, help="Frontend processes sharing --port (SO_REUSEPORT)",
+                                  rich_help_panel=NETWORK),
     # Logging and metrics
     log_level: str = _in_panel(LogLevel, LOGGING),
     log_json: bool = _in_panel(LogJson, LOGGING),
@@ -133,5 +135,5 @@ def up(
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
-                     planner=planner_spec if planner else None)
+                     planner=planner_spec if planner else None, num_frontends=frontends)
     raise typer.Exit(launch(spec))

@@ -71,6 +71,8 @@ class GraphSpec:
     pin_control_plane: bool = True
     # Prometheus file-SD target list, rewritten whenever a process starts, restarts or drains (None: default_sd_path).
     metrics_sd_file: Path | None = None
+    # Frontend processes sharing the HTTP port (SO_REUSEPORT), each its own event loop.
+    num_frontends: int = 1
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -150,10 +152,21 @@ def router_command(spec: GraphSpec, endpoint: str) -> list[str]:
     return cmd
 
 
-def planner_command(spec: GraphSpec, router: str, events: str) -> list[str]:
+def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]]:
+    """``num_frontends`` frontends on one port; more than one: each also on a metrics port of its own (on the
+    shared port, /metrics answers from whichever process the kernel picked)."""
+    cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port)]
+    if spec.num_frontends <= 1:
+        return [cmd]
+    return [[*cmd, "--metrics-port", str(free_port())] for _ in range(spec.num_frontends)]
+
+
+def planner_command(spec: GraphSpec, router: str, events: str, metrics_urls: list[str] | None = None) -> list[str]:
+    """``metrics_urls``: the frontends' /metrics (default: the one on the frontend's HTTP port)."""
     assert spec.planner is not None
     p = spec.planner
-    cmd = ["planner", "--router", router, "--metrics-url", f"http://{spec.host}:{spec.port}/metrics",
+    urls = metrics_urls or [f"http://{spec.host}:{spec.port}/metrics"]
+    cmd = ["planner", "--router", router, *[a for url in urls for a in ("--metrics-url", url)],
            "--events", events, "--slo", p.slo, "--interval-s", str(p.interval_s),
            "--window-s", str(p.window_s),
            "--max-prefill", str(p.max_prefill), "--max-decode", str(p.max_decode),

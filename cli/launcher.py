@@ -21,11 +21,12 @@ import structlog
 
 from cli.child_setup import launcher_env
 from cli.children import Child, ChildSet
-from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
+from cli.graph_spec import (
     DEFAULT_MODEL_DIR,
     GraphSpec,
     PlannerSpec,
     control_plane_cores,
+    frontend_commands,
     kvtier_block_bytes,
     kvtier_command,
     planner_command,
@@ -35,7 +36,7 @@ from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks im
     worker_roles,
 )
 from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
-from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
+from cli.ports import _ephemeral_range, free_port, port_in_use
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
 
 log = structlog.get_logger(__name__)
@@ -61,11 +62,12 @@ def launch(spec: GraphSpec) -> int:
         commands.append(kvtier_command(spec, router, kvtier))
     workers = worker_commands(spec, model, router, kvtier)
     commands += workers
-    commands.append(["frontend", "--model", str(model), "--router", router, "--host", spec.host,
-                     "--port", str(spec.port)])
+    frontends = frontend_commands(spec, model, router)
+    commands += frontends
     planner_events = f"tcp://127.0.0.1:{free_port()}" if spec.planner is not None else ""
     if planner_events:
-        commands.append(planner_command(spec, router, planner_events))
+        urls = [f"http://{t.address}/metrics" for t in map(metrics_target, frontends) if t is not None]
+        commands.append(planner_command(spec, router, planner_events, urls))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     control_cores = (control_plane_cores(worker_roles(spec), os.cpu_count() or 1)
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())

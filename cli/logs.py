@@ -9,7 +9,9 @@ import structlog
 
 
 def configure_logging(level: str = "info", json: bool = False, service: str = "") -> None:
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(
+        # Plain tracebacks: rich's would print every frame's locals (request headers, API keys, prompts).
+        colors=False, exception_formatter=structlog.dev.plain_traceback)
     processors = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

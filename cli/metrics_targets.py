@@ -55,6 +55,8 @@ def scrape_address(host: str, port: int) -> str:
 def metrics_target(cmd: Sequence[str]) -> MetricsTarget | None:
     """The scrape target of one child command (`service --flag value ...`), or None if it serves no metrics."""
     service = cmd[0]
+    if service == "frontend" and "--metrics-port" in cmd:  # one of several sharing the HTTP port
+        return MetricsTarget("frontend", scrape_address("127.0.0.1", int(_arg(cmd, "--metrics-port"))))
     if service == "frontend":
         return MetricsTarget("frontend", scrape_address(_arg(cmd, "--host", "127.0.0.1"), int(_arg(cmd, "--port"))))
     port = int(_arg(cmd, "--metrics-port", "0"))

@@ -15,3 +15,22 @@ def served_context_len(model_max_len: int, workers: WorkerList | None, model: st
     worker may be chosen for a request, so the smallest is the one every route honours."""
     limits = [w.max_model_len for w in workers.workers if w.model == model and w.max_model_len > 0] if workers else []
     return min([model_max_len, *limits])
+
+
+# Prompts of fewer characters are templated and tokenized on the event loop: under ~0.1 ms of work, less than
+# a thread-pool hand-off costs. Longer ones go to the pool (HF tokenizers releases the GIL while encoding).
+OFFLOAD_MIN_CHARS = 4096
+
+
+def min_prompt_tokens(num_chars: int, max_token_chars: int) -> int:
+    """A lower bound on the tokens of a text of ``num_chars`` characters, known before tokenizing it.
+
+    One token stands for at most ``max_token_chars`` characters (its vocabulary string, at least as long as
+    the text it covers, in byte-level BPE and SentencePiece vocabularies), so a prompt too long for the context
+    by this bound is rejected without spending seconds on a multi-megabyte template and tokenization.
+    """
+    return -(-num_chars // max(1, max_token_chars))
+
+
+def offload_tokenization(num_chars: int) -> bool:
+    return num_chars >= OFFLOAD_MIN_CHARS

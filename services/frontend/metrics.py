@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 # Fine enough around usual SLOs (ITL 20-100 ms, TTFT 0.2-2 s) that the planner's p90 (interpolated inside a
 # bucket, as Prometheus' histogram_quantile does) is within ~10% of the true one.
@@ -12,6 +19,7 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04
                       0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0,
                       30.0)
 
+_LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 _ISL_BUCKETS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
                 65536, 131072)
@@ -48,6 +56,9 @@ class FrontendMetrics:
                                          "KV pulls that failed and were recomputed", registry=r)
         self.migrations = Counter("splitserve_frontend_migrations", "Requests moved after losing a worker",
                                   registry=r)
+        self.loop_lag_seconds = Histogram("splitserve_frontend_event_loop_lag_seconds",
+                                          "How late the event loop ran a timer (work blocking it)",
+                                          buckets=_LOOP_LAG_BUCKETS_S, registry=r)
 
         # The last few latencies, for the live dashboard (histograms lose the recent picture).
         self.recent_ttft_s: deque[float] = deque(maxlen=512)
@@ -67,3 +78,8 @@ class FrontendMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """This process's metrics on a port of its own too: with several frontends sharing one HTTP port
+        (SO_REUSEPORT), /metrics there answers from whichever process the kernel picked."""
+        start_http_server(port, addr=host, registry=self.registry)

@@ -7,7 +7,7 @@ that names the offending field, answered as ``{"error": {"message", "type", "par
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
@@ -51,7 +51,8 @@ class _Common(msgspec.Struct, frozen=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    # A signed 64-bit integer: what msgpack carries and every engine's generator takes.
+    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
@@ -91,6 +92,8 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise ApiError(400, f"invalid request: {exc}", param=param) from exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # msgspec's nesting limit (e.g. 100k nested arrays)
+        raise ApiError(400, "request body is nested too deeply") from exc
 
 
 def parse_chat(body: bytes) -> ChatCompletionRequest:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +15,14 @@ import structlog
 
 from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
-from services.frontend.context import served_context_len
+from services.frontend.context import (
+    min_prompt_tokens,
+    offload_tokenization,
+    served_context_len,
+)
 from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
+from services.frontend.loop_lag import watch_loop_lag
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
@@ -32,6 +39,10 @@ from services.frontend.tokenizer import ModelTokenizer
 
 log = structlog.get_logger(__name__)
 
+# Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET", "/health": "GET",
+          "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
+
 
 @dataclass(frozen=True)
 class FrontendConfig:
@@ -41,8 +52,16 @@ class FrontendConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     # Seconds a /health answer from the router is reused.
     worker_list_ttl_s: float = 0.5
-    # Clients must send `Authorization: Bearer <api_key>` on /v1/* when set.
+    # Clients must send `Authorization: Bearer <api_key>` on every path but open_paths when set.
     api_key: str = ""
+    open_paths: tuple[str, ...] = ("/health", "/metrics", "/dashboard")
+    # Log each request's prompt text (off: prompts and secrets never reach the log).
+    log_prompts: bool = False
+    # Threads that template and tokenize long prompts off the event loop.
+    num_tokenizer_threads: int = 2
+    # This process's own Prometheus port (0: /metrics on the HTTP port only).
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
     max_inflight_requests: int = 4096
 
@@ -58,30 +77,38 @@ class FrontendService:
         # (monotonic time, worker counts by role) of the last /health look at the router.
         self._workers_cache: tuple[float, dict[str, int]] = (0.0, {"num_decode_workers": 0})
         self._num_inflight = 0
-        self._auth = f"Bearer {config.api_key}" if config.api_key else ""
+        self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
+        self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
             self.port = port
+            if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
+                self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
                      model=self.config.model_name)
             if ready is not None:
                 ready.set()
 
-        watcher = asyncio.get_running_loop().create_task(self.pipeline.watch_workers())
+        loop = asyncio.get_running_loop()
+        watchers = [loop.create_task(self.pipeline.watch_workers()),
+                    loop.create_task(watch_loop_lag(self.metrics.loop_lag_seconds))]
         try:
             await serve(self.handle, self.config.http, self._on_handler_error, started)
         finally:
-            watcher.cancel()
+            for task in watchers:
+                task.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
             await self.pipeline.close()
 
     # ------------------------------------------------------------------------------------------- dispatch
     async def handle(self, req: Request, resp: Response) -> None:
-        endpoint = req.path
+        endpoint = req.path if req.path in ROUTES else "other"
+        method = "GET" if req.method == "HEAD" else req.method  # HEAD: GET's answer, headers only
         try:
-            if self._auth and req.path.startswith("/v1/") and req.headers.get("authorization") != self._auth:
+            if not self._authorized(req):
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
-            match (req.method, req.path):
+            match (method, req.path):
                 case ("POST", "/v1/chat/completions"):
                     await self._chat(req, resp)
                 case ("POST", "/v1/completions"):
@@ -96,10 +123,10 @@ class FrontendService:
                     resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
                 case ("GET", "/dashboard/data"):
                     resp.send(200, await self.dashboard.data())
-                case (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics"):
-                    raise ApiError(405, f"method {req.method} not allowed on {req.path}")
+                case (_, path) if path in ROUTES:
+                    raise ApiError(405, f"method {req.method} not allowed on {req.path}",
+                                   headers=((b"allow", ROUTES[path].encode()),))
                 case _:
-                    endpoint = "other"
                     raise ApiError(404, f"no route {req.method} {req.path}", code="not_found")
         except ApiError as exc:
             self._send_error(resp, exc)
@@ -110,8 +137,15 @@ class FrontendService:
             return
         resp.send(exc.status, exc.body(), headers=exc.headers)
 
+    def _authorized(self, req: Request) -> bool:
+        if not self._auth or req.path in self.config.open_paths:
+            return True
+        return hmac.compare_digest(req.headers.get("authorization", "").encode("latin-1"), self._auth)
+
     def _on_handler_error(self, resp: Response, exc: BaseException) -> None:
-        log.exception("handler_crashed", error=repr(exc))
+        # One line: a traceback (and any locals a renderer adds: headers, prompt) only at debug.
+        log.error("handler_crashed", error_type=type(exc).__name__, error=str(exc)[:200])
+        log.debug("handler_crashed_traceback", exc_info=exc)
         self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
 
     def _models(self) -> bytes:
@@ -139,10 +173,26 @@ class FrontendService:
             raise ApiError(404, f"model {model!r} does not exist; this server serves {self.config.model_name!r}",
                            param="model", code="model_not_found")
 
+    def _context_len(self) -> int:
+        return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
+                                  self.config.model_name)
+
+    def _check_prompt_chars(self, num_chars: int, param: str) -> None:
+        """Cheap, before any template or tokenizer work: a prompt surely over the context is a fast 400."""
+        max_len = self._context_len()
+        if min_prompt_tokens(num_chars, self.tokenizer.max_token_chars) >= max_len:
+            raise ApiError(400, f"prompt of {num_chars} characters is over this server's context of {max_len} "
+                           "tokens", param=param, code="context_length_exceeded")
+
+    async def _off_loop(self, fn, num_chars: int):
+        """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
+        if not offload_tokenization(num_chars):
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
     def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Checks the prompt fits the context; returns max_tokens (default: the rest of the context)."""
-        max_len = served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
-                                     self.config.model_name)
+        max_len = self._context_len()
         if num_prompt_tokens >= max_len:
             raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this server's context is {max_len} tokens",
                            param="messages", code="context_length_exceeded")
@@ -154,8 +204,11 @@ class FrontendService:
     async def _chat(self, req: Request, resp: Response) -> None:
         body = parse_chat(req.body)
         self._check_model(body.model)
+        messages = message_dicts(body.messages)
+        num_chars = sum(len(m["content"]) for m in messages)
+        self._check_prompt_chars(num_chars, "messages")
         try:
-            prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages))
+            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(messages), num_chars)
         except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -164,6 +217,8 @@ class FrontendService:
         max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
         shape = ResponseShape.chat(new_id("chatcmpl"), body.model)
+        if self.config.log_prompts:
+            log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
 
     async def _completion(self, req: Request, resp: Response) -> None:
@@ -171,7 +226,8 @@ class FrontendService:
         self._check_model(body.model)
         prompt = completion_prompt(body.prompt)
         if isinstance(prompt, str):
-            token_ids = self.tokenizer.encode(prompt)
+            self._check_prompt_chars(len(prompt), "prompt")
+            token_ids = await self._off_loop(lambda: self.tokenizer.encode(prompt), len(prompt))
         else:
             if max(prompt) >= self.tokenizer.vocab_size:
                 raise ApiError(400, f"token id {max(prompt)} is outside the vocabulary "
@@ -183,6 +239,8 @@ class FrontendService:
         max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16)
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
         shape = ResponseShape.completion(new_id("cmpl"), body.model)
+        if self.config.log_prompts:
+            log.info("request_prompt", request_id=shape.id, prompt=prompt)
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,

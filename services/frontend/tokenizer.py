@@ -63,6 +63,9 @@ class ModelTokenizer:
             eos_ids.append(eos_id)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
         self.vocab_size = int(config.get("vocab_size") or self.tokenizer.get_vocab_size())
+        # Most characters of text one token can stand for (special tokens included): bounds a prompt's token
+        # count from its length before tokenizing (context.min_prompt_tokens).
+        self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
         template = tok_config.get("chat_template")
         if isinstance(template, list):  # the named-templates form: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)

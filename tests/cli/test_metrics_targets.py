@@ -65,3 +65,22 @@ def test_sd_file_is_replaced_whole(tmp_path: Path) -> None:
     assert [g["targets"] for g in json.loads(path.read_text())] == [["127.0.0.1:9100"], ["127.0.0.1:9102"]]
     assert path.stat().st_ino != first_inode  # renamed over, never rewritten in place
     assert [p.name for p in path.parent.iterdir()] == ["targets.json"]  # no temp file left
+
+
+def test_several_frontends_each_scraped_on_their_own_metrics_port() -> None:
+    from cli.graph_spec import (
+        GraphSpec,
+        PlannerSpec,
+        frontend_commands,
+        planner_command,
+    )
+
+    one = frontend_commands(GraphSpec(port=8123), Path("m"), "tcp://127.0.0.1:1")
+    assert [metrics_target(c).address for c in one] == ["127.0.0.1:8123"]
+    three = frontend_commands(GraphSpec(port=8123, num_frontends=3), Path("m"), "tcp://127.0.0.1:1")
+    assert {c[c.index("--port") + 1] for c in three} == {"8123"}  # one shared HTTP port
+    addresses = [metrics_target(c).address for c in three]
+    assert len(set(addresses)) == 3 and "127.0.0.1:8123" not in addresses
+    spec = GraphSpec(planner=PlannerSpec(slo="ttft_ms=1,itl_ms=1"))
+    cmd = planner_command(spec, "tcp://r", "tcp://e", [f"http://{a}/metrics" for a in addresses])
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--metrics-url"] == [f"http://{a}/metrics" for a in addresses]

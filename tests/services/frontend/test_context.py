@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from common.protocol import WorkerInfo, WorkerList, WorkerLoad
-from services.frontend.context import served_context_len
+from services.frontend.context import (
+    OFFLOAD_MIN_CHARS,
+    min_prompt_tokens,
+    offload_tokenization,
+    served_context_len,
+)
 
 
 def _workers(*specs: tuple[str, int]) -> WorkerList:
@@ -24,3 +29,30 @@ def _workers(*specs: tuple[str, int]) -> WorkerList:
 ])
 def test_served_context_len(workers, expected) -> None:
     assert served_context_len(4096, workers, "tiny") == expected
+
+
+@pytest.mark.parametrize(("num_chars", "max_token_chars", "expected"), [
+    (0, 80, 0),
+    (1, 80, 1),
+    (80, 80, 1),
+    (81, 80, 2),
+    (7_000_000, 80, 87_500),   # the 7 MB prompt: far over a 4,096-token context, known without tokenizing
+    (10, 0, 10),               # a degenerate vocabulary never divides by zero
+])
+def test_min_prompt_tokens(num_chars: int, max_token_chars: int, expected: int) -> None:
+    assert min_prompt_tokens(num_chars, max_token_chars) == expected
+
+
+def test_min_prompt_tokens_is_a_lower_bound_for_the_tiny_model() -> None:
+    from services.frontend.tokenizer import ModelTokenizer
+    from tests.graph import tiny_model_dir
+
+    tok = ModelTokenizer(tiny_model_dir())
+    for text in ["hello world", "#" * 500, " " * 300, "日本語のテキスト" * 20, "<|endoftext|>" * 10]:
+        assert min_prompt_tokens(len(text), tok.max_token_chars) <= len(tok.encode(text)), text
+
+
+@pytest.mark.parametrize(("num_chars", "offload"), [(10, False), (OFFLOAD_MIN_CHARS - 1, False),
+                                                    (OFFLOAD_MIN_CHARS, True), (10_000_000, True)])
+def test_offload_tokenization(num_chars: int, offload: bool) -> None:
+    assert offload_tokenization(num_chars) is offload
