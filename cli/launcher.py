@@ -21,7 +21,7 @@ import structlog
 
 from cli.child_setup import launcher_env
 from cli.children import Child, ChildSet
-from cli.graph_spec import (
+from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
     DEFAULT_MODEL_DIR,
     GraphSpec,
     PlannerSpec,
@@ -36,7 +36,7 @@ from cli.graph_spec import (
     worker_roles,
 )
 from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
-from cli.ports import _ephemeral_range, free_port, port_in_use
+from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
 
 log = structlog.get_logger(__name__)

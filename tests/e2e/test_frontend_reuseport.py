@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 from cli.ports import free_port
-from tests.graph import REPO, tiny_model_dir
+from bench.lib.graph import REPO, tiny_model_dir
 
 
 def _get(url: str) -> bytes | None:
