@@ -35,6 +35,27 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ignore_eos: bool = False
     # Token ids that end generation (the model's EOS ids and any the user asked for).
     stop_token_ids: tuple[int, ...] = ()
+    # OpenAI / vLLM penalties (0 / 1.0: off): presence and frequency over output tokens, repetition over all.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # Token id -> bias added to its logit, in [-100, 100].
+    logit_bias: dict[int, float] = {}
+    # Stop ids cannot end generation before this many output tokens.
+    min_tokens: int = 0
+    # Return the sampled token's logprob and this many alternatives per token (None: no logprobs).
+    logprobs: int | None = None
+    # Guided decoding (vLLM structured outputs); None: free text.
+    structured: StructuredOutput | None = None
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A grammar the output must follow: a JSON schema (as JSON text), or any JSON object."""
+
+    json_schema: str = ""
+    json_object: bool = False
+    # No free whitespace between JSON tokens (a model that pads with spaces never ends its object otherwise).
+    disable_any_whitespace: bool = True
 
 
 class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -175,6 +196,16 @@ class Tokens(_Msg, frozen=True):
     kv_transfer: KvTransferParams | None = None
     # Set when the request pulled KV remotely and the pull failed so the worker recomputed.
     transfer_failed: bool = False
+    # One entry per token in token_ids when the request asked for logprobs.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """The sampled token's logprob and the most likely alternatives, highest first, as (token id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class Abort(_Msg, frozen=True):
