@@ -176,7 +176,9 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
 
 def _refuse_unsupported(req: Any) -> None:
     for name, (allowed, why) in UNSUPPORTED.items():
-        value = getattr(req, name, None)
+        if name not in req.__struct_fields__:
+            continue
+        value = getattr(req, name)
         if not any(value == ok and type(value) is type(ok) for ok in allowed):
             raise ApiError(400, why, param=name, code="unsupported_field")
     if isinstance(req, ChatCompletionRequest):

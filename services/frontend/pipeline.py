@@ -25,6 +25,7 @@ from common.protocol import (
     Route,
     RouteRequest,
     SamplingParams,
+    TokenLogprobs,
     Tokens,
     WorkerInfo,
     WorkerList,
@@ -61,6 +62,7 @@ class _Prefilled:
     kv_transfer: KvTransferParams | None
     finish_reason: str | None
     num_cached_tokens: int
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 class Pipeline:
@@ -153,7 +155,7 @@ class Pipeline:
         for attempt in range(self.config.migration_limit + 1):
             # A migrated request resumes from the prompt plus what was already streamed.
             prompt = token_ids + tuple(generated)
-            remaining = replace(sampling, max_tokens=sampling.max_tokens - len(generated))
+            remaining = _after(sampling, len(generated))
             route = await self.route(request_id, model, prompt, excluded)
             try:
                 async for out in self._run(request_id, prompt, remaining, route):
@@ -180,13 +182,13 @@ class Pipeline:
             if prefilled is not None:
                 first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
                                finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
-                               num_cached_tokens=prefilled.num_cached_tokens)
+                               num_cached_tokens=prefilled.num_cached_tokens, logprobs=prefilled.logprobs)
                 yield first
                 if prefilled.finish_reason is not None:
                     return
                 # Without transfer params the decode worker recomputes the prompt: slower, still correct.
                 prompt = prompt + (prefilled.first_token_id,)
-                sampling = replace(sampling, max_tokens=sampling.max_tokens - 1)
+                sampling = _after(sampling, 1)
                 kv_transfer = prefilled.kv_transfer
         else:
             self.metrics.prefill_decisions.labels(where="local").inc()
@@ -213,7 +215,8 @@ class Pipeline:
                 # asked for one token; "stop" (an EOS token) always does.
                 finish = "stop" if out.finish_reason == "stop" else ("length" if sampling.max_tokens <= 1 else None)
                 return _Prefilled(first_token_id=out.token_ids[0], kv_transfer=out.kv_transfer,
-                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens)
+                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens,
+                                  logprobs=out.logprobs)
         except (WorkerLost, RemoteError) as exc:
             self.metrics.prefill_fallbacks.inc()
             log.warning("prefill_failed_local_fallback", request_id=request_id, worker=route.prefill.worker_id,
@@ -256,3 +259,10 @@ class Pipeline:
                     client.send_nowait(Abort(request_id=msg.request_id))
                 except Exception:  # the worker is gone; its blocks went with it
                     pass
+
+
+def _after(sampling: SamplingParams, num_generated: int) -> SamplingParams:
+    """The sampling of a request's continuation once ``num_generated`` tokens exist: max_tokens and min_tokens
+    count the tokens still to come (every other control applies unchanged, on whichever worker continues)."""
+    return replace(sampling, max_tokens=sampling.max_tokens - num_generated,
+                   min_tokens=max(0, sampling.min_tokens - num_generated))

@@ -52,8 +52,11 @@ class ResponseShape:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def delta_chunk(self, text: str) -> bytes:
-        return self._head + orjson.dumps(text) + self._tail
+    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
+        if logprobs is None:
+            return self._head + orjson.dumps(text) + self._tail
+        body = {"delta": {"content": text}} if self.is_chat else {"text": text}
+        return self._chunk([{"index": 0, **body, "logprobs": logprobs, "finish_reason": None}])
 
     def final_chunks(self, finish_reason: str, usage: dict[str, Any] | None) -> bytes:
         empty = {"delta": {}} if self.is_chat else {"text": ""}
@@ -62,13 +65,14 @@ class ResponseShape:
             out += self._chunk([], usage)
         return out + b"data: [DONE]\n\n"
 
-    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any]) -> bytes:
+    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any],
+                      logprobs: dict[str, Any] | None = None) -> bytes:
         if self.is_chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
             obj = "text_completion"
         return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
                              "choices": [choice], "usage": usage})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -17,15 +18,16 @@ from services.frontend.context import served_context_len
 from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.openai_api import (
     ApiError,
     completion_prompt,
     message_dicts,
     parse_chat,
     parse_completion,
-    sampling_params,
     stop_strings,
 )
+from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses import ResponseShape
 from services.frontend.tokenizer import ModelTokenizer
@@ -59,6 +61,9 @@ class FrontendService:
         self._workers_cache: tuple[float, dict[str, int]] = (0.0, {"num_decode_workers": 0})
         self._num_inflight = 0
         self._auth = f"Bearer {config.api_key}" if config.api_key else ""
+        # A token's own text, for logprobs (special tokens kept: the model did sample them).
+        decode = self.tokenizer.tokenizer.decode
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -162,7 +167,8 @@ class FrontendService:
         if requested is not None and requested < 1:
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
         max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
+                                   self.tokenizer.vocab_size)
         shape = ResponseShape.chat(new_id("chatcmpl"), body.model)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
 
@@ -181,12 +187,14 @@ class FrontendService:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
         # OpenAI's completions default is 16 tokens.
         max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16)
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
+                                   self.tokenizer.vocab_size)
         shape = ResponseShape.completion(new_id("cmpl"), body.model)
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
                         stop: tuple[str, ...], body) -> None:
+        await self._check_engines(sampling)
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
@@ -196,6 +204,18 @@ class FrontendService:
         finally:
             self._num_inflight -= 1
 
+    async def _check_engines(self, sampling) -> None:
+        """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
+        workers = self.pipeline.last_worker_list
+        if workers is None:
+            try:
+                workers = await self.pipeline.list_workers()
+            except SplitserveError:
+                return  # no verdict without the router: the worker refuses (503) what it cannot honour
+        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name))
+        if refusal is not None:
+            raise refusal
+
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
                               stop: tuple[str, ...], body) -> None:
         structlog.contextvars.bind_contextvars(request_id=shape.id)
@@ -203,6 +223,8 @@ class FrontendService:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         detok = self.tokenizer.decoder()
         texts: list[str] = []
+        renderer = None if sampling.logprobs is None else LogprobsRenderer(self._token_text, shape.is_chat)
+        logprob_parts: list[dict] = []
         num_output = 0
         num_cached = 0
         finish = "length"
@@ -228,15 +250,18 @@ class FrontendService:
                         finish = "stop"
                     elif out.finish_reason is not None:
                         finish = "stop" if out.finish_reason == "stop" else "length"
+                    part = renderer.render(out.logprobs) if renderer is not None and out.logprobs else None
                     if body.stream:
                         # Headers wait for the first token, so routing failures still get a real status.
                         if not resp.started:
                             resp.start(200, b"text/event-stream")
                             await resp.write(shape.first_chunk())
-                        if text:
-                            await resp.write(shape.delta_chunk(text))
+                        if text or part is not None:
+                            await resp.write(shape.delta_chunk(text, part))
                     else:
                         texts.append(text)
+                        if part is not None:
+                            logprob_parts.append(part)
                     if done:
                         break
         except NoWorkerError as exc:
@@ -265,7 +290,8 @@ class FrontendService:
                 await resp.write(shape.first_chunk())
             resp.end(shape.final_chunks(finish, usage if include_usage else None))
         else:
-            resp.send(200, shape.full_response("".join(texts), finish, usage))
+            logprobs = None if renderer is None else renderer.merge(logprob_parts)
+            resp.send(200, shape.full_response("".join(texts), finish, usage, logprobs))
 
     def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
         if streaming and resp.started and not resp.done and not resp.disconnected:
