@@ -243,7 +243,10 @@ class FrontendService:
                         self.metrics.observe_itl((now_s - last_s) / len(out.token_ids))
                     last_s = now_s
                     num_output += len(out.token_ids)
-                    step = detok.feed(out.token_ids, stop)
+                    shown = out.token_ids
+                    if out.finish_reason == "stop" and shown and shown[-1] in sampling.stop_token_ids:
+                        shown = shown[:-1]  # a stop id ends the answer unseen, as in vLLM (its logprob stays)
+                    step = detok.feed(shown, stop)
                     done = step.stopped or out.finish_reason is not None
                     text = step.text if step.stopped or out.finish_reason is None else step.text + detok.flush()
                     if step.stopped:

@@ -1,0 +1,101 @@
+"""Sampling controls and logprobs through a mock-engine graph with the official client: honoured alike on the
+prefill and the decode side (P/D equals aggregated), streamed equals whole, and what the mock cannot honour
+is a 400 naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from tests.e2e.test_disaggregation_mock import metric
+from tests.e2e.test_openai_api import MODEL, client
+from tests.graph import Graph, tiny_model_dir
+
+# Above the local-prefill threshold (256): the P/D graph prefills these remotely.
+LONG = [(37 * i) % 7000 + 500 for i in range(400)]
+REMOTE = 'splitserve_frontend_prefill_decisions_total{where="remote"}'
+
+
+def token_text(token_id: int) -> str:
+    return Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json")).decode([token_id])
+
+
+def completion(graph: Graph, prompt: list[int], stream: bool = False, **fields):
+    c = client(graph)
+    if not stream:
+        out = c.completions.create(model=MODEL, prompt=prompt, **fields)
+        lp = out.choices[0].logprobs
+        return out.choices[0].text, out.choices[0].finish_reason, lp and (lp.tokens, lp.token_logprobs,
+                                                                           lp.top_logprobs, lp.text_offset)
+    text, finish, parts = "", None, ([], [], [], [])
+    for chunk in c.completions.create(model=MODEL, prompt=prompt, stream=True, **fields):
+        choice = chunk.choices[0]
+        text += choice.text
+        finish = choice.finish_reason or finish
+        if choice.logprobs is not None:
+            for part, values in zip(parts, (choice.logprobs.tokens, choice.logprobs.token_logprobs,
+                                            choice.logprobs.top_logprobs, choice.logprobs.text_offset)):
+                part.extend(values)
+    return text, finish, parts if parts[0] else None
+
+
+def test_logit_bias_makes_every_token_that_token(mock_pd: Graph) -> None:
+    remote = metric(mock_pd, REMOTE)
+    text, finish, _ = completion(mock_pd, LONG, max_tokens=8, logit_bias={"1234": 100}, seed=5)
+    assert text == token_text(1234) * 8 and finish == "length"
+    assert metric(mock_pd, REMOTE) == remote + 1  # the first token came from the prefill worker, biased too
+
+
+def test_controls_and_logprobs_pd_equals_aggregated_streamed_equals_whole(mock_pd: Graph, mock_agg: Graph) -> None:
+    plain, _, _ = completion(mock_agg, LONG[1:], max_tokens=12, seed=9)
+    fields = {"max_tokens": 12, "seed": 9, "logprobs": 3, "logit_bias": {"77": 100, "78": -100},
+              "extra_body": {"min_tokens": 5, "stop_token_ids": [77]}}
+    pd = completion(mock_pd, LONG[1:], **fields)
+    agg = completion(mock_agg, LONG[1:], **fields)
+    assert pd == agg
+    assert completion(mock_pd, LONG[1:], stream=True, **fields) == pd
+    assert completion(mock_agg, LONG[1:], stream=True, **fields) == agg
+    text, finish, (tokens, values, tops, offsets) = pd
+    # Token 77 is biased to win but is a stop id: masked for min_tokens (5) outputs, then it ends the answer.
+    assert finish == "stop" and len(tokens) == 6 and tokens[-1] == token_text(77)
+    assert text == "".join(tokens[:-1]) and text != plain
+    assert all(math.isfinite(v) and v <= 0 for v in values)
+    assert all(len(top) == 3 and list(top.values()) == sorted(top.values(), reverse=True) for top in tops)
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+def test_chat_logprobs_streamed_equals_whole(mock_pd: Graph) -> None:
+    c = client(mock_pd)
+    messages = [{"role": "user", "content": "Count the queues. " * 60}]
+    whole = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=3, logprobs=True,
+                                      top_logprobs=4)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 10 and "".join(t.token for t in content) == whole.choices[0].message.content
+    assert all(len(t.top_logprobs) == 4 and t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+               and math.isfinite(t.logprob) for t in content)
+    streamed = [entry for chunk in c.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
+                                                             seed=3, logprobs=True, top_logprobs=4, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content]
+    plain = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, seed=3)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"n": 2}, "n"),
+    ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+])
+def test_what_the_mock_cannot_honour_is_a_400_naming_it(mock_agg: Graph, fields: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(mock_agg).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4, **fields)
+    assert info.value.status_code == 400 and info.value.body["param"] == param
