@@ -54,8 +54,6 @@ class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
 
     json_schema: str = ""
     json_object: bool = False
-    # No free whitespace between JSON tokens (a model that pads with spaces never ends its object otherwise).
-    disable_any_whitespace: bool = True
 
 
 class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):

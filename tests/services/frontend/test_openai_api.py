@@ -123,7 +123,6 @@ def test_sampling_fields_reach_the_engine() -> None:
     assert p.logit_bias == {7: 100.0} and p.min_tokens == 3 and p.seed == 4 and p.temperature == 0.0
     assert p.stop_token_ids == (2, 9) and p.logprobs == 3
     assert p.structured is not None and json.loads(p.structured.json_schema) == schema
-    assert p.structured.disable_any_whitespace
     assert params(response_format={"type": "json_object"}).structured == StructuredOutput(json_object=True)
     assert params(logprobs=True).logprobs == 0 and params().logprobs is None
     # ignore_eos drops the model's end ids but keeps the user's.

