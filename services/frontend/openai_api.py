@@ -13,7 +13,6 @@ import msgspec
 import orjson
 
 
-
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type_: str | None = None, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -146,9 +146,13 @@ class Pipeline:
                 raise NoWorkerError(f"router did not answer: {exc}") from exc
             await asyncio.sleep(0.1)
 
-    async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...],
-                       sampling: SamplingParams) -> AsyncIterator[Tokens]:
-        """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost."""
+    async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...], sampling: SamplingParams,
+                       route: Route | None = None,
+                       on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+        """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost.
+
+        ``route``: take this route (first attempt) instead of asking the router. ``on_decode``: called with the
+        route once the decode worker streams (its prompt KV is then in its prefix cache)."""
         generated: list[int] = []
         excluded: tuple[str, ...] = ()
         num_cached = -1
@@ -156,9 +160,10 @@ class Pipeline:
             # A migrated request resumes from the prompt plus what was already streamed.
             prompt = token_ids + tuple(generated)
             remaining = _after(sampling, len(generated))
-            route = await self.route(request_id, model, prompt, excluded)
+            if route is None or attempt > 0:
+                route = await self.route(request_id, model, prompt, excluded)
             try:
-                async for out in self._run(request_id, prompt, remaining, route):
+                async for out in self._run(request_id, prompt, remaining, route, on_decode):
                     generated.extend(out.token_ids)
                     if num_cached < 0:
                         num_cached = out.num_cached_tokens
@@ -173,8 +178,8 @@ class Pipeline:
                             num_generated=len(generated))
         raise WorkerLost(f"request {request_id} lost its worker {self.config.migration_limit + 1} times")
 
-    async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
-                   route: Route) -> AsyncIterator[Tokens]:
+    async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
+                   on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
         kv_transfer = None
         if route.prefill is not None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
@@ -196,6 +201,9 @@ class Pipeline:
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
                 self.metrics.transfer_failures.inc()
+            if on_decode is not None:
+                on_decode(route)
+                on_decode = None
             yield out
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,

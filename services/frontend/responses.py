@@ -45,34 +45,36 @@ class ResponseShape:
             body["usage"] = usage
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def first_chunk(self) -> bytes:
-        """Chat streams open with the assistant role; text completions have no opening chunk."""
+    def first_chunk(self, n: int = 1) -> bytes:
+        """Chat streams open with the assistant role, per choice; text completions have no opening chunk."""
         if not self.is_chat:
             return b""
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        return b"".join(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}]) for i in range(n))
 
-    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
-        if logprobs is None:
+    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
+        if logprobs is None and index == 0:
             return self._head + orjson.dumps(text) + self._tail
         body = {"delta": {"content": text}} if self.is_chat else {"text": text}
-        return self._chunk([{"index": 0, **body, "logprobs": logprobs, "finish_reason": None}])
+        return self._chunk([{"index": index, **body, "logprobs": logprobs, "finish_reason": None}])
 
-    def final_chunks(self, finish_reason: str, usage: dict[str, Any] | None) -> bytes:
+    def final_chunks(self, finish_reasons: list[str], usage: dict[str, Any] | None) -> bytes:
         empty = {"delta": {}} if self.is_chat else {"text": ""}
-        out = self._chunk([{"index": 0, **empty, "logprobs": None, "finish_reason": finish_reason}])
+        out = b"".join(self._chunk([{"index": i, **empty, "logprobs": None, "finish_reason": reason}])
+                       for i, reason in enumerate(finish_reasons))
         if usage is not None:
             out += self._chunk([], usage)
         return out + b"data: [DONE]\n\n"
 
-    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any],
-                      logprobs: dict[str, Any] | None = None) -> bytes:
+    def full_response(self, choices: list[tuple[str, str, dict[str, Any] | None]], usage: dict[str, Any]) -> bytes:
+        """``choices``: (text, finish_reason, logprobs or None) per choice, in index order."""
         if self.is_chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
+            body = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                     "finish_reason": finish} for i, (text, finish, logprobs) in enumerate(choices)]
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            body = [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                    for i, (text, finish, logprobs) in enumerate(choices)]
             obj = "text_completion"
         return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                             "choices": [choice], "usage": usage})
+                             "choices": body, "usage": usage})

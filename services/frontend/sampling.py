@@ -14,7 +14,12 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from common.protocol import SamplingParams, StructuredOutput
-from services.frontend.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
+from services.frontend.choices import MAX_CHOICES
+from services.frontend.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
@@ -27,8 +32,7 @@ _ENGINE_UNSUPPORTED: dict[str, tuple[str, ...]] = {
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
                     default_max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int) -> SamplingParams:
-    if req.n != 1:
-        raise ApiError(400, "only n=1 is supported", param="n")
+    _check(1 <= req.n <= MAX_CHOICES, f"n must be between 1 and {MAX_CHOICES}", "n")
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
     max_tokens = max_tokens or default_max_tokens

@@ -14,11 +14,13 @@ import structlog
 
 from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.choice_text import ChoiceText
+from services.frontend.choices import Choices
 from services.frontend.context import served_context_len
 from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
-from services.frontend.metrics import FrontendMetrics
 from services.frontend.logprobs import LogprobsRenderer
+from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     completion_prompt,
@@ -27,9 +29,9 @@ from services.frontend.openai_api import (
     parse_completion,
     stop_strings,
 )
-from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses import ResponseShape
+from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
 
 log = structlog.get_logger(__name__)
@@ -221,52 +223,38 @@ class FrontendService:
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        detok = self.tokenizer.decoder()
-        texts: list[str] = []
-        renderer = None if sampling.logprobs is None else LogprobsRenderer(self._token_text, shape.is_chat)
-        logprob_parts: list[dict] = []
+        choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
+                           LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
         num_output = 0
-        num_cached = 0
-        finish = "length"
+        num_cached = -1
         last_s = 0.0
         self.metrics.arrival_prompt_tokens.observe(len(token_ids))
         self.metrics.inflight.inc()
         try:
-            gen = self.pipeline.generate(shape.id, body.model, token_ids, sampling)
+            fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n)
+            gen = fanout.__aiter__()
             async with aclosing(gen):
-                async for out in gen:
+                async for index, out in gen:
                     now_s = time.perf_counter()
                     if num_output == 0:
                         self.metrics.observe_ttft(now_s - start_s)
-                        num_cached = out.num_cached_tokens
                     elif out.token_ids:
                         self.metrics.observe_itl((now_s - last_s) / len(out.token_ids))
+                    if index == 0 and num_cached < 0:
+                        num_cached = out.num_cached_tokens  # the prompt counts once, as choice 0 found it
                     last_s = now_s
                     num_output += len(out.token_ids)
-                    shown = out.token_ids
-                    if out.finish_reason == "stop" and shown and shown[-1] in sampling.stop_token_ids:
-                        shown = shown[:-1]  # a stop id ends the answer unseen, as in vLLM (its logprob stays)
-                    step = detok.feed(shown, stop)
-                    done = step.stopped or out.finish_reason is not None
-                    text = step.text if step.stopped or out.finish_reason is None else step.text + detok.flush()
-                    if step.stopped:
-                        finish = "stop"
-                    elif out.finish_reason is not None:
-                        finish = "stop" if out.finish_reason == "stop" else "length"
-                    part = renderer.render(out.logprobs) if renderer is not None and out.logprobs else None
+                    choice = choices[index]
+                    text, part = choice.feed(out, sampling.stop_token_ids, stop)
                     if body.stream:
                         # Headers wait for the first token, so routing failures still get a real status.
                         if not resp.started:
                             resp.start(200, b"text/event-stream")
-                            await resp.write(shape.first_chunk())
+                            await resp.write(shape.first_chunk(body.n))
                         if text or part is not None:
-                            await resp.write(shape.delta_chunk(text, part))
-                    else:
-                        texts.append(text)
-                        if part is not None:
-                            logprob_parts.append(part)
-                    if done:
-                        break
+                            await resp.write(shape.delta_chunk(text, part, index))
+                    if choice.stopped:
+                        fanout.stop(index)
         except NoWorkerError as exc:
             self._fail(resp, body.stream, ApiError(503, f"no worker available: {exc}", code="no_worker",
                                                    type_="server_error", headers=((b"retry-after", b"1"),)))
@@ -281,6 +269,7 @@ class FrontendService:
             raise
         finally:
             self.metrics.inflight.dec()
+        num_cached = max(num_cached, 0)
         self.metrics.e2e_seconds.observe(time.perf_counter() - start_s)
         self.metrics.prompt_tokens.inc(len(token_ids))
         self.metrics.cached_tokens.inc(num_cached)
@@ -290,11 +279,10 @@ class FrontendService:
         if body.stream:
             if not resp.started:
                 resp.start(200, b"text/event-stream")
-                await resp.write(shape.first_chunk())
-            resp.end(shape.final_chunks(finish, usage if include_usage else None))
+                await resp.write(shape.first_chunk(body.n))
+            resp.end(shape.final_chunks([c.finish for c in choices], usage if include_usage else None))
         else:
-            logprobs = None if renderer is None else renderer.merge(logprob_parts)
-            resp.send(200, shape.full_response("".join(texts), finish, usage, logprobs))
+            resp.send(200, shape.full_response([c.result() for c in choices], usage))
 
     def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
         if streaming and resp.started and not resp.done and not resp.disconnected:
@@ -302,3 +290,4 @@ class FrontendService:
             resp.end(b"data: " + exc.body() + b"\n\ndata: [DONE]\n\n")
         else:
             self._send_error(resp, exc)
+

@@ -91,7 +91,7 @@ def test_chat_logprobs_streamed_equals_whole(mock_pd: Graph) -> None:
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
     ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
 ])
 def test_what_the_mock_cannot_honour_is_a_400_naming_it(mock_agg: Graph, fields: dict, param: str) -> None:
@@ -99,3 +99,34 @@ def test_what_the_mock_cannot_honour_is_a_400_naming_it(mock_agg: Graph, fields:
         client(mock_agg).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=4, **fields)
     assert info.value.status_code == 400 and info.value.body["param"] == param
+
+
+def test_n_choices_prefill_once_and_pull_once(mock_pd: Graph) -> None:
+    from tests.graph import worker_stats
+
+    c = client(mock_pd)
+    prompt = [(41 * i) % 7000 + 300 for i in range(400)]
+    remote, local = metric(mock_pd, REMOTE), metric(mock_pd, 'splitserve_frontend_prefill_decisions_total{where="local"}')
+    pulls = sum(s.num_transfers for s in worker_stats(mock_pd.router).values())
+    out = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=4, n=3, logprobs=1)
+    assert [ch.index for ch in out.choices] == [0, 1, 2]
+    assert len({ch.text for ch in out.choices}) == 3  # seed + index per choice
+    assert all(len(ch.logprobs.tokens) == 6 for ch in out.choices)
+    # One prefill on the prefill worker and one KV pull; the other choices prefill on the decode worker.
+    assert metric(mock_pd, REMOTE) == remote + 1
+    assert metric(mock_pd, 'splitserve_frontend_prefill_decisions_total{where="local"}') == local + 2
+    assert sum(s.num_transfers for s in worker_stats(mock_pd.router).values()) == pulls + 1
+    single = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=4)
+    assert out.choices[0].text == single.choices[0].text
+    assert out.usage.prompt_tokens == single.usage.prompt_tokens and out.usage.completion_tokens == 18
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "n " * 300}],
+                                           max_tokens=5, seed=4, n=3, stream=True):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            finishes[ch.index] = ch.finish_reason or finishes.get(ch.index)
+    whole = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "n " * 300}],
+                                      max_tokens=5, seed=4, n=3)
+    assert texts == {ch.index: ch.message.content for ch in whole.choices}
+    assert finishes == {0: "length", 1: "length", 2: "length"}

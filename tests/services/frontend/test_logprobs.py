@@ -19,8 +19,8 @@ def test_chat_shape_whole_and_streamed() -> None:
     shape = ResponseShape.chat("chatcmpl-1", "m")
     renderer = LogprobsRenderer(TEXT.__getitem__, is_chat=True)
     parts = [renderer.render(LOGPROBS[:1]), renderer.render(LOGPROBS[1:])]
-    whole = ChatCompletion.model_validate(orjson.loads(shape.full_response("Hello", "stop", USAGE,
-                                                                           renderer.merge(parts))))
+    whole = ChatCompletion.model_validate(orjson.loads(shape.full_response([("Hello", "stop",
+                                                                            renderer.merge(parts))], USAGE)))
     content = whole.choices[0].logprobs.content
     assert [c.token for c in content] == ["Hel", "lo"] and content[0].bytes == list(b"Hel")
     assert content[1].logprob == -9999.0  # JSON has no -inf
@@ -40,7 +40,7 @@ def test_completion_shape_offsets_run_across_chunks() -> None:
     renderer = LogprobsRenderer(TEXT.__getitem__, is_chat=False)
     parts = [renderer.render(LOGPROBS[:1]), renderer.render(LOGPROBS[1:])]
     merged = renderer.merge(parts)
-    whole = Completion.model_validate(orjson.loads(shape.full_response("Hello", "length", USAGE, merged)))
+    whole = Completion.model_validate(orjson.loads(shape.full_response([("Hello", "length", merged)], USAGE)))
     lp = whole.choices[0].logprobs
     assert lp.tokens == ["Hel", "lo"] and lp.token_logprobs == [-0.5, -9999.0]
     assert lp.top_logprobs == [{"Hel": -0.5, " w": -1.5}, {"é": -0.1, "lo": -2.0}]

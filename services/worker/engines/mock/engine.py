@@ -24,12 +24,18 @@ import structlog
 from common.errors import EngineError
 from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
+from services.worker.engines.mock.admission import seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
-from services.worker.engines.mock.admission import seq_spec
-from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
-from services.worker.engines.mock.tier import TierLink
 from services.worker.engines.mock.sampling import check_supported, next_token
+from services.worker.engines.mock.scheduler import (
+    KvLoad,
+    Scheduler,
+    SchedulerConfig,
+    SeqOutput,
+    StepPlan,
+)
+from services.worker.engines.mock.tier import TierLink
 from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
