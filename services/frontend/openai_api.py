@@ -153,7 +153,7 @@ _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 MAX_STOP_STRINGS = 16
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     if not body:
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
@@ -173,8 +173,9 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
 
 
-def _refuse_unsupported(req: Any) -> None:
-    for name, (allowed, why) in UNSUPPORTED.items():
+def refuse_unsupported(req: Any, table: dict[str, tuple[tuple[Any, ...], str]] | None = None) -> None:
+    """A 400 for the first declared field set to a value this server does not serve (``table``: more fields)."""
+    for name, (allowed, why) in {**UNSUPPORTED, **(table or {})}.items():
         if name not in req.__struct_fields__:
             continue
         value = getattr(req, name)
@@ -188,16 +189,16 @@ def _refuse_unsupported(req: Any) -> None:
 
 
 def parse_chat(body: bytes) -> ChatCompletionRequest:
-    req = _decode(_chat_decoder, body)
+    req = decode_request(_chat_decoder, body)
     if not req.messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
-    _refuse_unsupported(req)
+    refuse_unsupported(req)
     return req
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
-    req = _decode(_completion_decoder, body)
-    _refuse_unsupported(req)
+    req = decode_request(_completion_decoder, body)
+    refuse_unsupported(req)
     return req
 
 

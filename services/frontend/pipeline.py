@@ -172,6 +172,8 @@ class Pipeline:
                         return
                 return
             except WorkerLost as exc:
+                if sampling.structured is not None and generated:
+                    raise  # a new worker's grammar would start over mid-answer: fail rather than break the JSON
                 excluded = excluded + (route.decode.worker_id,)
                 self.metrics.migrations.inc()
                 log.warning("request_migrating", request_id=request_id, attempt=attempt + 1, reason=str(exc),

@@ -23,6 +23,7 @@ from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
+    ChatCompletionRequest,
     completion_prompt,
     message_dicts,
     parse_chat,
@@ -31,6 +32,7 @@ from services.frontend.openai_api import (
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses import ResponseShape
+from services.frontend.responses_api import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
 
@@ -93,6 +95,8 @@ class FrontendService:
                     await self._chat(req, resp)
                 case ("POST", "/v1/completions"):
                     await self._completion(req, resp)
+                case ("POST", "/v1/responses"):
+                    await self._responses(req, resp)
                 case ("GET", "/v1/models"):
                     resp.send(200, self._models())
                 case ("GET", "/health"):
@@ -103,7 +107,8 @@ class FrontendService:
                     resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
                 case ("GET", "/dashboard/data"):
                     resp.send(200, await self.dashboard.data())
-                case (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics"):
+                case (_, "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/models" | "/health"
+                      | "/metrics"):
                     raise ApiError(405, f"method {req.method} not allowed on {req.path}")
                 case _:
                     endpoint = "other"
@@ -158,8 +163,13 @@ class FrontendService:
                            f"the context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
         return max_tokens if max_tokens is not None else max_len - num_prompt_tokens
 
-    async def _chat(self, req: Request, resp: Response) -> None:
-        body = parse_chat(req.body)
+    async def _responses(self, req: Request, resp: Response) -> None:
+        request, body = parse_responses(req.body)
+        await self._chat(req, resp, body, ResponsesShape(new_id("resp"), request))
+
+    async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
+                    shape: ResponseShape | ResponsesShape | None = None) -> None:
+        body = body or parse_chat(req.body)
         self._check_model(body.model)
         try:
             prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages))
@@ -171,7 +181,7 @@ class FrontendService:
         max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
                                    self.tokenizer.vocab_size)
-        shape = ResponseShape.chat(new_id("chatcmpl"), body.model)
+        shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
 
     async def _completion(self, req: Request, resp: Response) -> None:
@@ -222,7 +232,8 @@ class FrontendService:
                               stop: tuple[str, ...], body) -> None:
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage
+                             or getattr(shape, "always_usage", False))
         choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
                            LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
         num_output = 0

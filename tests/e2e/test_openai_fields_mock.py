@@ -130,3 +130,21 @@ def test_n_choices_prefill_once_and_pull_once(mock_pd: Graph) -> None:
                                       max_tokens=5, seed=4, n=3)
     assert texts == {ch.index: ch.message.content for ch in whole.choices}
     assert finishes == {0: "length", 1: "length", 2: "length"}
+
+
+def test_responses_endpoint_whole_and_streamed(mock_pd: Graph) -> None:
+    c = client(mock_pd)
+    request = {"model": MODEL, "input": "Tell me about queues. " * 40, "instructions": "Be brief.",
+               "max_output_tokens": 9, "temperature": 0}
+    whole = c.responses.create(**request)
+    chat = c.chat.completions.create(model=MODEL, max_tokens=9, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": request["input"]}])
+    assert whole.output_text == chat.choices[0].message.content and whole.status == "incomplete"
+    assert whole.usage.input_tokens == chat.usage.prompt_tokens and whole.usage.output_tokens == 9
+    events = list(c.responses.create(**request, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert events[-1].response.output_text == whole.output_text
+    with pytest.raises(openai.BadRequestError) as info:
+        c.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
+    assert info.value.body["param"] == "previous_response_id"

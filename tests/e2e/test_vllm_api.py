@@ -154,3 +154,18 @@ def test_disaggregated_equals_local_for_every_field(vllm_pd: Graph) -> None:
     plain = client(vllm_pd).completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                                extra_body={"ignore_eos": True})
     assert plain.choices[0].text != split[0]
+
+
+def test_n_choices_share_one_prefill_and_one_pull(vllm_pd: Graph) -> None:
+    from tests.graph import worker_stats
+
+    prompt = [(71 * i) % 7000 + 250 for i in range(90)]
+    pulls = worker_stats(vllm_pd.router)["decode-1"].num_transfers
+    remote, local = metric(vllm_pd, REMOTE), metric(vllm_pd, LOCAL)
+    out = client(vllm_pd).completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, n=3,
+                                             extra_body={"ignore_eos": True})
+    # Greedy: every choice is the same answer, the one a single request gets.
+    assert [ch.index for ch in out.choices] == [0, 1, 2] and len({ch.text for ch in out.choices}) == 1
+    assert out.usage.completion_tokens == 24 and out.usage.prompt_tokens == 90
+    assert (metric(vllm_pd, REMOTE), metric(vllm_pd, LOCAL)) == (remote + 1, local + 2)
+    assert worker_stats(vllm_pd.router)["decode-1"].num_transfers == pulls + 1
