@@ -34,12 +34,23 @@ class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     text: str | None = None
 
 
+class FunctionCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    # Tool calls (and their results) are not supported: a message carrying them is refused, not misread.
-    tool_calls: Any = None
+    # An assistant's earlier tool calls, and a tool message's answer to one: rendered by the chat template.
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
 
@@ -94,16 +105,17 @@ class ChatCompletionRequest(_Common, frozen=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    # No effect here: accepted (see _NO_EFFECT).
+    # No effect here: accepted (see _NO_EFFECT); store and service_tier only at their defaults.
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    parallel_tool_calls: bool | None = None
-    # Refused when set.
+    # Function calling (services/frontend/tools.py).
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Refused when set.
     functions: list[Any] | None = None
     function_call: Any = None
     modalities: list[str] | None = None
@@ -127,8 +139,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of other than 1 is not supported"),
     "top_k": ((None, -1, 0), "top_k is not supported"),
     "min_p": ((None, 0.0), "min_p is not supported"),
-    "tools": ((None, []), "tools (function calling) are not supported"),
-    "tool_choice": ((None, "none"), "tool_choice other than 'none' is not supported (no tools)"),
     "functions": ((None, []), "functions (function calling) are not supported"),
     "function_call": ((None, "none"), "function_call is not supported"),
     "modalities": ((None, ["text"]), "only the text modality is supported"),
@@ -143,7 +153,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "suffix (insertion) is not supported"),
 }
 # Accepted with no effect: they change nothing a client can observe from this server.
-_NO_EFFECT = ("user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+_NO_EFFECT = ("user", "metadata", "safety_identifier", "prompt_cache_key")
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -181,11 +191,6 @@ def refuse_unsupported(req: Any, table: dict[str, tuple[tuple[Any, ...], str]] |
         value = getattr(req, name)
         if not any(value == ok and type(value) is type(ok) for ok in allowed):
             raise ApiError(400, why, param=name, code="unsupported_field")
-    if isinstance(req, ChatCompletionRequest):
-        for i, m in enumerate(req.messages):
-            if m.tool_calls is not None or m.tool_call_id is not None:
-                raise ApiError(400, f"messages[{i}]: tool calls are not supported", param="messages",
-                               code="unsupported_field")
 
 
 def parse_chat(body: bytes) -> ChatCompletionRequest:
@@ -227,6 +232,10 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
         message = {"role": m.role, "content": content or ""}
         if m.name is not None:
             message["name"] = m.name
+        if m.tool_calls:
+            message["tool_calls"] = msgspec.to_builtins(m.tool_calls)
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
         out.append(message)
     return out
 

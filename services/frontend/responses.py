@@ -66,15 +66,27 @@ class ResponseShape:
             out += self._chunk([], usage)
         return out + b"data: [DONE]\n\n"
 
-    def full_response(self, choices: list[tuple[str, str, dict[str, Any] | None]], usage: dict[str, Any]) -> bytes:
-        """``choices``: (text, finish_reason, logprobs or None) per choice, in index order."""
+    def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> bytes:
+        """A choice's tool calls, whole, in one delta (each call with its index among the choice's calls)."""
+        deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+        return self._chunk([{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def full_response(self, choices: list[tuple[Any, ...]], usage: dict[str, Any]) -> bytes:
+        """``choices``: (text, finish_reason, logprobs or None[, tool calls or None]) per choice, in index order."""
         if self.is_chat:
-            body = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                     "finish_reason": finish} for i, (text, finish, logprobs) in enumerate(choices)]
+            body = [{"index": i, "message": _message(*choice), "logprobs": choice[2], "finish_reason": choice[1]}
+                    for i, choice in enumerate(choices)]
             obj = "chat.completion"
         else:
-            body = [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                    for i, (text, finish, logprobs) in enumerate(choices)]
+            body = [{"index": i, "text": choice[0], "logprobs": choice[2], "finish_reason": choice[1]}
+                    for i, choice in enumerate(choices)]
             obj = "text_completion"
         return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
                              "choices": body, "usage": usage})
+
+
+def _message(text: str, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    if calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": text}

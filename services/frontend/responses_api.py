@@ -83,6 +83,8 @@ class ResponsesRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 RESPONSES_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "tools are not supported on /v1/responses; use /v1/chat/completions"),
+    "tool_choice": ((None, "none"), "tool_choice is not supported on /v1/responses"),
     "reasoning": ((None,), "reasoning is not supported (no reasoning models)"),
     "previous_response_id": ((None,), "previous_response_id is not supported (responses are not stored)"),
     "conversation": ((None,), "conversation is not supported (responses are not stored)"),
@@ -190,8 +192,8 @@ class ResponsesShape:
                 + self._event("response.completed" if status == "completed" else "response.incomplete",
                               response=done))
 
-    def full_response(self, choices: list[tuple[str, str, dict[str, Any] | None]], usage: dict[str, Any]) -> bytes:
-        text, finish, _ = choices[0]
+    def full_response(self, choices: list[tuple[Any, ...]], usage: dict[str, Any]) -> bytes:
+        text, finish = choices[0][:2]
         return orjson.dumps(self._response("completed" if finish == "stop" else "incomplete", text, usage))
 
 

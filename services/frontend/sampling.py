@@ -20,6 +20,7 @@ from services.frontend.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from services.frontend.tools import ToolPlan
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
@@ -31,7 +32,8 @@ _ENGINE_UNSUPPORTED: dict[str, tuple[str, ...]] = {
 
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
-                    default_max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int) -> SamplingParams:
+                    default_max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
+                    tools: ToolPlan | None = None) -> SamplingParams:
     _check(1 <= req.n <= MAX_CHOICES, f"n must be between 1 and {MAX_CHOICES}", "n")
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
@@ -56,7 +58,7 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
                           ignore_eos=req.ignore_eos, stop_token_ids=stop_ids, presence_penalty=presence,
                           frequency_penalty=frequency, repetition_penalty=repetition,
                           logit_bias=_logit_bias(req.logit_bias, vocab_size), min_tokens=req.min_tokens,
-                          logprobs=_num_logprobs(req), structured=_structured(req))
+                          logprobs=_num_logprobs(req), structured=_structured(req, tools))
 
 
 def _check(ok: bool, message: str, param: str) -> None:
@@ -95,8 +97,12 @@ def _num_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     return req.logprobs
 
 
-def _structured(req: ChatCompletionRequest | CompletionRequest) -> StructuredOutput | None:
+def _structured(req: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None) -> StructuredOutput | None:
     fmt = getattr(req, "response_format", None)
+    if tools is not None and tools.structured is not None:
+        _check(fmt is None or fmt.type == "text", "response_format cannot be combined with a forced tool call",
+               "response_format")
+        return tools.structured
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -111,8 +117,10 @@ def _structured(req: ChatCompletionRequest | CompletionRequest) -> StructuredOut
     return StructuredOutput(json_schema=orjson.dumps(fmt.json_schema.schema).decode())
 
 
-def refusal_for_engines(sampling: SamplingParams, engines: set[str]) -> ApiError | None:
-    """A 400 naming the first field some engine serving the model cannot honour, or None."""
+def refusal_for_engines(sampling: SamplingParams, engines: set[str], guided_by: str = "response_format"
+                        ) -> ApiError | None:
+    """A 400 naming the first field some engine serving the model cannot honour, or None. ``guided_by``: the
+    field that asked for guided decoding (response_format, or tool_choice for a forced tool call)."""
     asked = {
         "presence_penalty": sampling.presence_penalty != 0.0,
         "frequency_penalty": sampling.frequency_penalty != 0.0,
@@ -122,7 +130,8 @@ def refusal_for_engines(sampling: SamplingParams, engines: set[str]) -> ApiError
     for engine in sorted(engines):
         for name in _ENGINE_UNSUPPORTED.get(engine, ()):
             if asked.get(name):
-                return ApiError(400, f"{name} is not supported by this server's {engine} engine", param=name,
+                param = guided_by if name == "response_format" else name
+                return ApiError(400, f"{param} is not supported by this server's {engine} engine", param=param,
                                 code="unsupported_field")
     return None
 

@@ -35,6 +35,7 @@ from services.frontend.responses import ResponseShape
 from services.frontend.responses_api import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
+from services.frontend.tools import ToolPlan, plan_tools, tool_calls
 
 log = structlog.get_logger(__name__)
 
@@ -171,8 +172,10 @@ class FrontendService:
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         body = body or parse_chat(req.body)
         self._check_model(body.model)
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
         try:
-            prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages))
+            prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages),
+                                                        tools=tools.template_tools() if tools else None)
         except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -180,9 +183,10 @@ class FrontendService:
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
         max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
-                                   self.tokenizer.vocab_size)
+                                   self.tokenizer.vocab_size, tools)
         shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
+        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
+                             tools if tools is not None and tools.forced is not None else None)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         body = parse_completion(req.body)
@@ -205,18 +209,18 @@ class FrontendService:
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body) -> None:
-        await self._check_engines(sampling)
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None) -> None:
+        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._generate_inner(resp, shape, token_ids, sampling, stop, body)
+            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools)
         finally:
             self._num_inflight -= 1
 
-    async def _check_engines(self, sampling) -> None:
+    async def _check_engines(self, sampling, guided_by: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
         workers = self.pipeline.last_worker_list
         if workers is None:
@@ -224,12 +228,13 @@ class FrontendService:
                 workers = await self.pipeline.list_workers()
             except SplitserveError:
                 return  # no verdict without the router: the worker refuses (503) what it cannot honour
-        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name))
+        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name), guided_by)
         if refusal is not None:
             raise refusal
 
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                              stop: tuple[str, ...], body) -> None:
+                              stop: tuple[str, ...], body, tools: ToolPlan | None) -> None:
+        """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls)."""
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
         include_usage = bool(body.stream_options and body.stream_options.include_usage
@@ -262,7 +267,7 @@ class FrontendService:
                         if not resp.started:
                             resp.start(200, b"text/event-stream")
                             await resp.write(shape.first_chunk(body.n))
-                        if text or part is not None:
+                        if (text or part is not None) and tools is None:
                             await resp.write(shape.delta_chunk(text, part, index))
                     if choice.stopped:
                         fanout.stop(index)
@@ -287,13 +292,18 @@ class FrontendService:
         self.metrics.output_tokens.inc(num_output)
         usage = {"prompt_tokens": len(token_ids), "completion_tokens": num_output,
                  "total_tokens": len(token_ids) + num_output, "prompt_tokens_details": {"cached_tokens": num_cached}}
+        results = [c.result() for c in choices]
+        if tools is not None:
+            results = [_with_tool_calls(tools, *r) for r in results]
         if body.stream:
             if not resp.started:
                 resp.start(200, b"text/event-stream")
                 await resp.write(shape.first_chunk(body.n))
-            resp.end(shape.final_chunks([c.finish for c in choices], usage if include_usage else None))
+            for index, (text, _, _, calls) in enumerate(results if tools is not None else ()):
+                await resp.write(shape.tool_calls_chunk(index, calls) if calls else shape.delta_chunk(text, None, index))
+            resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
         else:
-            resp.send(200, shape.full_response([c.result() for c in choices], usage))
+            resp.send(200, shape.full_response(results, usage))
 
     def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
         if streaming and resp.started and not resp.done and not resp.disconnected:
@@ -302,3 +312,8 @@ class FrontendService:
         else:
             self._send_error(resp, exc)
 
+
+def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:
+    """A forced tool call's answer: its calls and finish_reason tool_calls, or the raw text if cut short."""
+    calls = tool_calls(tools, text) if finish == "stop" else None
+    return text, "tool_calls" if calls else finish, logprobs, calls

@@ -89,7 +89,9 @@ def test_chat_logprobs_streamed_equals_whole(mock_pd: Graph) -> None:
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": "required"}, "tool_choice"),  # guided decoding: not on the mock
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # auto: no parser
     ({"tool_choice": "required"}, "tool_choice"),
     ({"n": 17}, "n"),
     ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
@@ -148,3 +150,15 @@ def test_responses_endpoint_whole_and_streamed(mock_pd: Graph) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         c.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
     assert info.value.body["param"] == "previous_response_id"
+
+
+def test_tool_choice_none_answers_in_text_and_tool_history_is_accepted(mock_agg: Graph) -> None:
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    out = client(mock_agg).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, tool_choice="none",
+        tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}])
+    assert out.choices[0].message.content and out.choices[0].message.tool_calls is None
+    assert out.choices[0].finish_reason == "length"

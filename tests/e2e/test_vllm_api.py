@@ -169,3 +169,26 @@ def test_n_choices_share_one_prefill_and_one_pull(vllm_pd: Graph) -> None:
     assert out.usage.completion_tokens == 24 and out.usage.prompt_tokens == 90
     assert (metric(vllm_pd, REMOTE), metric(vllm_pd, LOCAL)) == (remote + 1, local + 2)
     assert worker_stats(vllm_pd.router)["decode-1"].num_transfers == pulls + 1
+
+
+def test_forced_tool_calls_have_arguments_valid_for_their_schema(vllm_pd: Graph) -> None:
+    rng = random.Random(7)
+    c = client(vllm_pd)
+    params = random_schema(rng)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": params}},
+             {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {},
+                                                                             "additionalProperties": False}}}]
+    named = {"type": "function", "function": {"name": "lookup"}}
+    request = {"model": MODEL, "messages": message(rng), "max_tokens": 200, "temperature": 0, "tools": tools}
+    whole = c.chat.completions.create(**request, tool_choice=named)
+    call = whole.choices[0].message.tool_calls[0]
+    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "lookup"
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    streamed = [d for chunk in c.chat.completions.create(**request, tool_choice=named, stream=True)
+                for ch in chunk.choices if ch.delta and ch.delta.tool_calls for d in ch.delta.tool_calls]
+    assert [(d.function.name, d.function.arguments) for d in streamed] == [("lookup", call.function.arguments)]
+    required = c.chat.completions.create(**request, tool_choice="required", parallel_tool_calls=False)
+    calls = required.choices[0].message.tool_calls
+    assert required.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    schema = params if calls[0].function.name == "lookup" else tools[1]["function"]["parameters"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), schema)

@@ -18,6 +18,7 @@ from services.frontend.openai_api import (
     parse_completion,
 )
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
+from services.frontend.tools import plan_tools
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 EOS = (2,)
@@ -27,7 +28,7 @@ VOCAB = 1000
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
             "stop", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
             "ignore_eos", "min_tokens", "repetition_penalty", "stop_token_ids", "logprobs", "top_logprobs",
-            "response_format"}
+            "response_format", "tools", "tool_choice", "parallel_tool_calls"}
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -42,9 +43,10 @@ def refused(fields: dict, completion: bool = False) -> ApiError:
     with pytest.raises(ApiError) as info:
         if completion:
             req = parse_completion(json.dumps({"model": "m", "prompt": "x", **fields}).encode())
+            sampling_params(req, 16, 16, EOS, VOCAB)
         else:
             req = chat(**fields)
-        sampling_params(req, 16, 16, EOS, VOCAB)
+            sampling_params(req, 16, 16, EOS, VOCAB, plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls))
     assert info.value.status == 400
     return info.value
 
@@ -69,9 +71,10 @@ def test_unknown_nested_field_is_named() -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # auto, the default
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools
+    ({"tools": [{"type": "code_interpreter"}], "tool_choice": "required"}, "tools"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"top_k": 5}, "top_k"),
     ({"min_p": 0.1}, "min_p"),
@@ -82,7 +85,7 @@ def test_unknown_nested_field_is_named() -> None:
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"service_tier": "flex"}, "service_tier"),
-    ({"messages": [{"role": "tool", "content": "1", "tool_call_id": "c"}]}, "messages"),
+    ({"messages": [{"role": "tool", "content": "1", "tool_call_id": "c", "output": 1}]}, "messages"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
