@@ -56,6 +56,8 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     include_usage: bool = False
+    # vLLM's extension: usage (so far) on every chunk.
+    continuous_usage_stats: bool = False
 
 
 class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -52,11 +52,12 @@ class ResponseShape:
         return b"".join(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                       "finish_reason": None}]) for i in range(n))
 
-    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
-        if logprobs is None and index == 0:
+    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0,
+                    usage: dict[str, Any] | None = None) -> bytes:
+        if logprobs is None and index == 0 and usage is None:
             return self._head + orjson.dumps(text) + self._tail
         body = {"delta": {"content": text}} if self.is_chat else {"text": text}
-        return self._chunk([{"index": index, **body, "logprobs": logprobs, "finish_reason": None}])
+        return self._chunk([{"index": index, **body, "logprobs": logprobs, "finish_reason": None}], usage)
 
     def final_chunks(self, finish_reasons: list[str], usage: dict[str, Any] | None) -> bytes:
         empty = {"delta": {}} if self.is_chat else {"text": ""}

@@ -175,7 +175,8 @@ class ResponsesShape:
                 + self._event("response.content_part.added", item_id=self._item_id, output_index=0,
                               content_index=0, part=_part("")))
 
-    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0) -> bytes:
+    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0,
+                    usage: dict[str, Any] | None = None) -> bytes:
         self._texts.append(text)
         return self._event("response.output_text.delta", item_id=self._item_id, output_index=0, content_index=0,
                            delta=text, logprobs=[])

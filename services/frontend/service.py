@@ -237,6 +237,7 @@ class FrontendService:
         """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls)."""
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
+        continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
         include_usage = bool(body.stream_options and body.stream_options.include_usage
                              or getattr(shape, "always_usage", False))
         choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
@@ -268,7 +269,10 @@ class FrontendService:
                             resp.start(200, b"text/event-stream")
                             await resp.write(shape.first_chunk(body.n))
                         if (text or part is not None) and tools is None:
-                            await resp.write(shape.delta_chunk(text, part, index))
+                            so_far = None if not continuous_usage else {
+                                "prompt_tokens": len(token_ids), "completion_tokens": num_output,
+                                "total_tokens": len(token_ids) + num_output}
+                            await resp.write(shape.delta_chunk(text, part, index, so_far))
                     if choice.stopped:
                         fanout.stop(index)
         except NoWorkerError as exc:

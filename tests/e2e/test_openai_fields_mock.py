@@ -162,3 +162,11 @@ def test_tool_choice_none_answers_in_text_and_tool_history_is_accepted(mock_agg:
         tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}])
     assert out.choices[0].message.content and out.choices[0].message.tool_calls is None
     assert out.choices[0].finish_reason == "length"
+
+
+def test_continuous_usage_stats_as_the_bench_asks(mock_agg: Graph) -> None:
+    usages = [chunk.usage.completion_tokens for chunk in client(mock_agg).completions.create(
+        model=MODEL, prompt=[5, 6, 7], max_tokens=5, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True, "min_tokens": 5}) if chunk.usage is not None]
+    assert usages[:-1] == sorted(usages[:-1]) and usages[-1] == 5 and len(usages) >= 5

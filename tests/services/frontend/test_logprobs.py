@@ -45,3 +45,9 @@ def test_completion_shape_offsets_run_across_chunks() -> None:
     assert lp.tokens == ["Hel", "lo"] and lp.token_logprobs == [-0.5, -9999.0]
     assert lp.top_logprobs == [{"Hel": -0.5, " w": -1.5}, {"é": -0.1, "lo": -2.0}]
     assert lp.text_offset == [0, 3]
+
+
+def test_continuous_usage_rides_on_delta_chunks() -> None:
+    shape = ResponseShape.chat("chatcmpl-1", "m")
+    chunk = ChatCompletionChunk.model_validate(orjson.loads(shape.delta_chunk("x", None, 0, USAGE)[6:]))
+    assert chunk.usage.completion_tokens == 2 and chunk.choices[0].delta.content == "x"
