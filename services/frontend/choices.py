@@ -37,9 +37,18 @@ class Choices:
         self._open: set[int] = set()
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, Tokens]]:
+        self._open = set(range(self._n))
+        if self._n == 1:
+            # The common case, on the hot path: no task and no queue between the worker's stream and the client.
+            gen = self._pipeline.generate(self._request_id, self._model, self._token_ids, self._sampling)
+            async with aclosing(gen):
+                async for out in gen:
+                    yield 0, out
+                    if not self._open:
+                        return  # stop(0): closing the stream aborts the request on its worker
+            return
         self._decoding = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._choice(i)) for i in range(self._n)]
-        self._open = set(range(self._n))
         try:
             while self._open:
                 index, item = await self._queue.get()
@@ -59,7 +68,8 @@ class Choices:
     def stop(self, index: int) -> None:
         """End choice ``index`` now (a stop string): its worker aborts it; the others go on."""
         self._open.discard(index)
-        self._tasks[index].cancel()
+        if self._tasks:
+            self._tasks[index].cancel()
 
     def _decode_started(self, route: Route) -> None:
         assert self._decoding is not None

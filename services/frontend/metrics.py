@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Fine enough around usual SLOs (ITL 20-100 ms, TTFT 0.2-2 s) that the planner's p90 (interpolated inside a
 # bucket, as Prometheus' histogram_quantile does) is within ~10% of the true one.

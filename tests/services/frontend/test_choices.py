@@ -57,3 +57,13 @@ async def test_one_choice_is_the_plain_path_and_stop_ends_one_choice() -> None:
         if index == 1 and seen[1] == 2:
             choices.stop(1)
     assert seen == {0: 50, 1: 2}
+
+
+async def test_stop_ends_a_single_choice() -> None:
+    choices = Choices(FakePipeline(num_tokens=50), "r", "m", (1,), SamplingParams(), 1)  # type: ignore[arg-type]
+    seen = 0
+    async for _ in choices:
+        seen += 1
+        if seen == 3:
+            choices.stop(0)
+    assert seen == 3
