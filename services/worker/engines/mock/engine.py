@@ -28,13 +28,7 @@ from services.worker.engines.mock.admission import seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.sampling import check_supported, next_token
-from services.worker.engines.mock.scheduler import (
-    KvLoad,
-    Scheduler,
-    SchedulerConfig,
-    SeqOutput,
-    StepPlan,
-)
+from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
 from services.worker.engines.mock.tier import TierLink
 from services.worker.transfer_log import TransferLog
 
