@@ -89,5 +89,5 @@ class ResponseShape:
 
 def _message(text: str, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     if calls:
-        return {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
     return {"role": "assistant", "content": text}

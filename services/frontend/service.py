@@ -35,7 +35,8 @@ from services.frontend.responses import ResponseShape
 from services.frontend.responses_api import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
-from services.frontend.tools import ToolPlan, plan_tools, tool_calls
+from services.frontend.tool_parsers import parser_for_template
+from services.frontend.tools import ToolPlan, plan_tools, tool_answer
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +69,7 @@ class FrontendService:
         self._auth = f"Bearer {config.api_key}" if config.api_key else ""
         # A token's own text, for logprobs (special tokens kept: the model did sample them).
         decode = self.tokenizer.tokenizer.decode
+        self._tool_parser = parser_for_template(self.tokenizer.chat_template_source)
         self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -172,7 +174,7 @@ class FrontendService:
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         body = body or parse_chat(req.body)
         self._check_model(body.model)
-        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, self._tool_parser)
         try:
             prompt = self.tokenizer.apply_chat_template(message_dicts(body.messages),
                                                         tools=tools.template_tools() if tools else None)
@@ -186,7 +188,7 @@ class FrontendService:
                                    self.tokenizer.vocab_size, tools)
         shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
-                             tools if tools is not None and tools.forced is not None else None)
+                             tools if tools is not None and tools.shapes_answer else None)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         body = parse_completion(req.body)
@@ -304,7 +306,10 @@ class FrontendService:
                 resp.start(200, b"text/event-stream")
                 await resp.write(shape.first_chunk(body.n))
             for index, (text, _, _, calls) in enumerate(results if tools is not None else ()):
-                await resp.write(shape.tool_calls_chunk(index, calls) if calls else shape.delta_chunk(text, None, index))
+                if text:  # held back while it could still turn out to be a tool call
+                    await resp.write(shape.delta_chunk(text, None, index))
+                if calls:
+                    await resp.write(shape.tool_calls_chunk(index, calls))
             resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
         else:
             resp.send(200, shape.full_response(results, usage))
@@ -318,6 +323,5 @@ class FrontendService:
 
 
 def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:
-    """A forced tool call's answer: its calls and finish_reason tool_calls, or the raw text if cut short."""
-    calls = tool_calls(tools, text) if finish == "stop" else None
-    return text, "tool_calls" if calls else finish, logprobs, calls
+    content, finish, calls = tool_answer(tools, text, finish)
+    return content, finish, logprobs, calls

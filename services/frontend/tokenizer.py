@@ -75,6 +75,8 @@ class ModelTokenizer:
         except jinja2.TemplateError as exc:
             raise ModelError(f"{model_dir}: chat template does not compile: {exc}") from exc
         self._special = {"bos_token": tok_config.get("bos_token") or "", "eos_token": eos_token or ""}
+        # The template's source: its tool-call format picks the parser for tool_choice "auto".
+        self.chat_template_source: str = template or ""
 
     @property
     def has_chat_template(self) -> bool:

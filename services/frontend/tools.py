@@ -4,7 +4,8 @@ A named function: the output is the function's arguments, guided by its ``parame
 output is a JSON array of ``{"name", "parameters"}`` objects, one schema branch per tool (as vLLM does), at
 least one call (exactly one when ``parallel_tool_calls`` is false). Either way the answer comes back as
 ``tool_calls`` with ``finish_reason: tool_calls``. "none" renders the tools into the prompt and answers in
-text. "auto" needs a parser of the model's own tool-call format; it is refused (400) rather than guessed.
+text. "auto" reads calls from the free answer with the parser of the template's format (tool_parsers); a
+template without a known format gets a 400 for "auto" rather than a guess.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 
 from common.protocol import StructuredOutput
 from services.frontend.openai_api import ApiError
+from services.frontend.tool_parsers import parse_tool_calls
 
 
 class FunctionDef(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -45,9 +47,16 @@ class NamedChoice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     tools: tuple[Tool, ...]
-    # None: tool_choice "none" (tools in the prompt, text out); a name: that function; "": "required".
+    # None: tool_choice "none" or "auto"; a name: that function; "": "required".
     forced: str | None
     structured: StructuredOutput | None
+    # tool_choice "auto": the parser that reads calls from the free answer (tool_parsers).
+    parser: str | None = None
+
+    @property
+    def shapes_answer(self) -> bool:
+        """The answer may become tool_calls, so it is held back until it is whole."""
+        return self.forced is not None or self.parser is not None
 
     def template_tools(self) -> list[dict[str, Any]]:
         return [msgspec.to_builtins(t) for t in self.tools]
@@ -56,7 +65,9 @@ class ToolPlan:
 _OBJECT = {"type": "object"}
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolPlan | None:
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None,
+               parser: str | None = None) -> ToolPlan | None:
+    """``parser``: the tool-call format of the model's chat template (tool_parsers), None if it shows none."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
@@ -69,9 +80,11 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
     if len(set(names)) != len(names):
         raise ApiError(400, "tool function names must be unique", param="tools")
     if tool_choice is None or tool_choice == "auto":
-        raise ApiError(400, "tool_choice 'auto' (the default with tools) is not supported: it needs a parser of the "
-                       "model's tool-call format; send 'required', a named function or 'none'", param="tool_choice",
-                       code="unsupported_field")
+        if parser is None:
+            raise ApiError(400, "tool_choice 'auto' (the default with tools) needs a tool-call format in the model's "
+                           "chat template (Hermes <tool_call> or Llama 3 JSON); this one has none: send "
+                           "'required', a named function or 'none'", param="tool_choice", code="unsupported_field")
+        return ToolPlan(typed, None, None, parser)
     if tool_choice == "none":
         return ToolPlan(typed, None, None)
     if tool_choice == "required":
@@ -93,6 +106,15 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
     return ToolPlan(typed, named.function.name, StructuredOutput(json_schema=orjson.dumps(parameters).decode()))
 
 
+def tool_answer(plan: ToolPlan, text: str, finish: str) -> tuple[str, str, list[dict[str, Any]] | None]:
+    """(content, finish_reason, tool calls or None) of a whole answer under ``plan``."""
+    if plan.parser is not None:
+        content, found = parse_tool_calls(plan.parser, text, {t.function.name for t in plan.tools})
+        return (content, "tool_calls", _calls(found)) if found else (text, finish, None)
+    calls = tool_calls(plan, text) if finish == "stop" else None  # cut by max_tokens: not whole JSON
+    return ("", "tool_calls", calls) if calls else (text, finish, None)
+
+
 def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
     """The calls in a guided answer; None when it is not complete JSON (cut by max_tokens)."""
     try:
@@ -100,9 +122,12 @@ def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
     except ValueError:
         return None
     if plan.forced:
-        calls = [(plan.forced, value)]
-    else:
-        calls = [(c["name"], c["parameters"]) for c in value if isinstance(c, dict) and "name" in c]
+        return _calls([(plan.forced, value)])
+    return _calls([(c["name"], c["parameters"]) for c in value if isinstance(c, dict) and "name" in c])
+
+
+def _calls(found: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     return [{"id": "call_" + secrets.token_hex(12), "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))}}
-            for name, arguments in calls]
+             "function": {"name": name, "arguments": arguments if isinstance(arguments, str)
+                          else json.dumps(arguments, separators=(",", ":"))}}
+            for name, arguments in found]
