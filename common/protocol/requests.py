@@ -76,6 +76,16 @@ class Tokens(Msg, frozen=True):
     kv_transfer: KvTransferParams | None = None
     # Set when the request pulled KV remotely and the pull failed so the worker recomputed.
     transfer_failed: bool = False
+    # One entry per token in token_ids when the request asked for logprobs.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """The sampled token's logprob and the most likely alternatives, highest first, as (token id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class Abort(Msg, frozen=True):

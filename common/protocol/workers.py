@@ -18,6 +18,25 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ignore_eos: bool = False
     # Token ids that end generation (the model's EOS ids and any the user asked for).
     stop_token_ids: tuple[int, ...] = ()
+    # OpenAI / vLLM penalties (0 / 1.0: off): presence and frequency over output tokens, repetition over all.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # Token id -> bias added to its logit, in [-100, 100].
+    logit_bias: dict[int, float] = {}
+    # Stop ids cannot end generation before this many output tokens.
+    min_tokens: int = 0
+    # Return the sampled token's logprob and this many alternatives per token (None: no logprobs).
+    logprobs: int | None = None
+    # Guided decoding (vLLM structured outputs); None: free text.
+    structured: StructuredOutput | None = None
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A grammar the output must follow: a JSON schema (as JSON text), or any JSON object."""
+
+    json_schema: str = ""
+    json_object: bool = False
 
 
 class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -12,8 +12,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 import orjson
 
-from common.protocol import SamplingParams
-
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -31,22 +29,53 @@ class ApiError(Exception):
                                        "code": self.code}})
 
 
-class TextPart(msgspec.Struct, frozen=True):
+class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: str
     text: str | None = None
 
 
-class ChatMessage(msgspec.Struct, frozen=True):
+class FunctionCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # An assistant's earlier tool calls, and a tool message's answer to one: rendered by the chat template.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
-class StreamOptions(msgspec.Struct, frozen=True):
+class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     include_usage: bool = False
+    # vLLM's extension: usage (so far) on every chunk.
+    continuous_usage_stats: bool = False
 
 
-class _Common(msgspec.Struct, frozen=True):
+class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str = ""
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+# Every request field is declared: an unknown one is a 400 naming it (forbid_unknown_fields), and a declared
+# one is either honoured or refused with a 400 when set (UNSUPPORTED); a client never gets a 200 that ignored
+# what it asked for. The fields in _NO_EFFECT change nothing a client can observe here and are accepted.
+class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -57,29 +86,87 @@ class _Common(msgspec.Struct, frozen=True):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    logprobs: Any = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # OpenAI sends token ids as JSON object keys (strings).
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # vLLM's extra sampling fields.
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    # Refused when set (see UNSUPPORTED).
+    best_of: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
 
 class ChatCompletionRequest(_Common, frozen=True):
     messages: list[ChatMessage] = []
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    # No effect here: accepted (see _NO_EFFECT); store and service_tier only at their defaults.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # Function calling (services/frontend/tools.py).
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Refused when set.
+    functions: list[Any] | None = None
+    function_call: Any = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    web_search_options: Any = None
+    verbosity: str | None = None
 
 
 class CompletionRequest(_Common, frozen=True):
     # str, token ids, or a one-element list of either (msgspec unions allow one array type: checked below).
     prompt: str | list[Any] = ""
     echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+# Declared fields refused when set to anything but these values (None: unset), with why.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "best_of": ((None, 1), "best_of other than 1 is not supported"),
+    "top_k": ((None, -1, 0), "top_k is not supported"),
+    "min_p": ((None, 0.0), "min_p is not supported"),
+    "functions": ((None, []), "functions (function calling) are not supported"),
+    "function_call": ((None, "none"), "function_call is not supported"),
+    "modalities": ((None, ["text"]), "only the text modality is supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported (no reasoning models)"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "verbosity": ((None,), "verbosity is not supported"),
+    "store": ((None, False), "store=true is not supported (nothing is stored)"),
+    "service_tier": ((None, "auto", "default"), "only the default service_tier is served"),
+    "echo": ((False,), "echo is not supported"),
+    "suffix": ((None, ""), "suffix (insertion) is not supported"),
+}
+# Accepted with no effect: they change nothing a client can observe from this server.
+_NO_EFFECT = ("user", "metadata", "safety_identifier", "prompt_cache_key")
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _PARAM = re.compile(r"at `\$\.?([A-Za-z_0-9.\[\]]*)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 MAX_STOP_STRINGS = 16
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     if not body:
         raise ApiError(400, "request body is empty; expected a JSON object")
     try:
@@ -87,6 +174,11 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     except msgspec.ValidationError as exc:
         found = _PARAM.search(str(exc))
         param = found.group(1).split("[")[0].split(".")[0] if found else None
+        unknown = _UNKNOWN.search(str(exc))
+        if unknown is not None:
+            name = unknown.group(1) if param is None else f"{found.group(1)}.{unknown.group(1)}"  # type: ignore[union-attr]
+            raise ApiError(400, f"unsupported field {name!r}: this server does not implement it", param=param
+                           or unknown.group(1), code="unsupported_field") from exc
         if param is None and "missing required field" in str(exc):
             param = str(exc).split("`")[1] if "`" in str(exc) else None
         raise ApiError(400, f"invalid request: {exc}", param=param) from exc
@@ -96,17 +188,27 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise ApiError(400, "request body is nested too deeply") from exc
 
 
+def refuse_unsupported(req: Any, table: dict[str, tuple[tuple[Any, ...], str]] | None = None) -> None:
+    """A 400 for the first declared field set to a value this server does not serve (``table``: more fields)."""
+    for name, (allowed, why) in {**UNSUPPORTED, **(table or {})}.items():
+        if name not in req.__struct_fields__:
+            continue
+        value = getattr(req, name)
+        if not any(value == ok and type(value) is type(ok) for ok in allowed):
+            raise ApiError(400, why, param=name, code="unsupported_field")
+
+
 def parse_chat(body: bytes) -> ChatCompletionRequest:
-    req = _decode(_chat_decoder, body)
+    req = decode_request(_chat_decoder, body)
     if not req.messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
+    refuse_unsupported(req)
     return req
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
-    req = _decode(_completion_decoder, body)
-    if req.echo:
-        raise ApiError(400, "echo is not supported", param="echo")
+    req = decode_request(_completion_decoder, body)
+    refuse_unsupported(req)
     return req
 
 
@@ -132,7 +234,14 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
             if any(p.type != "text" for p in content):
                 raise ApiError(400, "only text content parts are supported", param="messages")
             content = "".join(p.text or "" for p in content)
-        out.append({"role": m.role, "content": content or ""})
+        message = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.tool_calls:
+            message["tool_calls"] = msgspec.to_builtins(m.tool_calls)
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
     return out
 
 
@@ -143,23 +252,3 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     if len(items) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
     return tuple(s for s in items if s)
-
-
-def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: int,
-                    eos_token_ids: tuple[int, ...]) -> SamplingParams:
-    if req.n != 1:
-        raise ApiError(400, "only n=1 is supported", param="n")
-    if req.logprobs not in (None, False):
-        raise ApiError(400, "logprobs are not supported", param="logprobs")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-    temperature = 1.0 if req.temperature is None else req.temperature
-    if not 0.0 <= temperature <= 2.0:
-        raise ApiError(400, "temperature must be between 0 and 2", param="temperature")
-    top_p = 1.0 if req.top_p is None else req.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise ApiError(400, "top_p must be in (0, 1]", param="top_p")
-    return SamplingParams(max_tokens=max_tokens or default_max_tokens, temperature=temperature, top_p=top_p,
-                          seed=req.seed, ignore_eos=req.ignore_eos,
-                          # ignore_eos means no end token stops generation (vLLM would still honour stop ids).
-                          stop_token_ids=() if req.ignore_eos else eos_token_ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -25,6 +25,7 @@ from common.protocol import (
     Route,
     RouteRequest,
     SamplingParams,
+    TokenLogprobs,
     Tokens,
     WorkerInfo,
     WorkerList,
@@ -61,6 +62,7 @@ class _Prefilled:
     kv_transfer: KvTransferParams | None
     finish_reason: str | None
     num_cached_tokens: int
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 class Pipeline:
@@ -144,19 +146,24 @@ class Pipeline:
                 raise NoWorkerError(f"router did not answer: {exc}") from exc
             await asyncio.sleep(0.1)
 
-    async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...],
-                       sampling: SamplingParams) -> AsyncIterator[Tokens]:
-        """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost."""
+    async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...], sampling: SamplingParams,
+                       route: Route | None = None,
+                       on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+        """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost.
+
+        ``route``: take this route (first attempt) instead of asking the router. ``on_decode``: called with the
+        route once the decode worker streams (its prompt KV is then in its prefix cache)."""
         generated: list[int] = []
         excluded: tuple[str, ...] = ()
         num_cached = -1
         for attempt in range(self.config.migration_limit + 1):
             # A migrated request resumes from the prompt plus what was already streamed.
             prompt = token_ids + tuple(generated)
-            remaining = replace(sampling, max_tokens=sampling.max_tokens - len(generated))
-            route = await self.route(request_id, model, prompt, excluded)
+            remaining = _after(sampling, len(generated))
+            if route is None or attempt > 0:
+                route = await self.route(request_id, model, prompt, excluded)
             try:
-                async for out in self._run(request_id, prompt, remaining, route):
+                async for out in self._run(request_id, prompt, remaining, route, on_decode):
                     generated.extend(out.token_ids)
                     if num_cached < 0:
                         num_cached = out.num_cached_tokens
@@ -165,14 +172,16 @@ class Pipeline:
                         return
                 return
             except WorkerLost as exc:
+                if sampling.structured is not None and generated:
+                    raise  # a new worker's grammar would start over mid-answer: fail rather than break the JSON
                 excluded = excluded + (route.decode.worker_id,)
                 self.metrics.migrations.inc()
                 log.warning("request_migrating", request_id=request_id, attempt=attempt + 1, reason=str(exc),
                             num_generated=len(generated))
         raise WorkerLost(f"request {request_id} lost its worker {self.config.migration_limit + 1} times")
 
-    async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
-                   route: Route) -> AsyncIterator[Tokens]:
+    async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
+                   on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
         kv_transfer = None
         if route.prefill is not None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
@@ -180,13 +189,13 @@ class Pipeline:
             if prefilled is not None:
                 first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
                                finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
-                               num_cached_tokens=prefilled.num_cached_tokens)
+                               num_cached_tokens=prefilled.num_cached_tokens, logprobs=prefilled.logprobs)
                 yield first
                 if prefilled.finish_reason is not None:
                     return
                 # Without transfer params the decode worker recomputes the prompt: slower, still correct.
                 prompt = prompt + (prefilled.first_token_id,)
-                sampling = replace(sampling, max_tokens=sampling.max_tokens - 1)
+                sampling = _after(sampling, 1)
                 kv_transfer = prefilled.kv_transfer
         else:
             self.metrics.prefill_decisions.labels(where="local").inc()
@@ -194,6 +203,9 @@ class Pipeline:
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
                 self.metrics.transfer_failures.inc()
+            if on_decode is not None:
+                on_decode(route)
+                on_decode = None
             yield out
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
@@ -213,7 +225,8 @@ class Pipeline:
                 # asked for one token; "stop" (an EOS token) always does.
                 finish = "stop" if out.finish_reason == "stop" else ("length" if sampling.max_tokens <= 1 else None)
                 return _Prefilled(first_token_id=out.token_ids[0], kv_transfer=out.kv_transfer,
-                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens)
+                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens,
+                                  logprobs=out.logprobs)
         except (WorkerLost, RemoteError) as exc:
             self.metrics.prefill_fallbacks.inc()
             log.warning("prefill_failed_local_fallback", request_id=request_id, worker=route.prefill.worker_id,
@@ -256,3 +269,10 @@ class Pipeline:
                     client.send_nowait(Abort(request_id=msg.request_id))
                 except Exception:  # the worker is gone; its blocks went with it
                     pass
+
+
+def _after(sampling: SamplingParams, num_generated: int) -> SamplingParams:
+    """The sampling of a request's continuation once ``num_generated`` tokens exist: max_tokens and min_tokens
+    count the tokens still to come (every other control applies unchanged, on whichever worker continues)."""
+    return replace(sampling, max_tokens=sampling.max_tokens - num_generated,
+                   min_tokens=max(0, sampling.min_tokens - num_generated))

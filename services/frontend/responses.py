@@ -45,30 +45,49 @@ class ResponseShape:
             body["usage"] = usage
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def first_chunk(self) -> bytes:
-        """Chat streams open with the assistant role; text completions have no opening chunk."""
+    def first_chunk(self, n: int = 1) -> bytes:
+        """Chat streams open with the assistant role, per choice; text completions have no opening chunk."""
         if not self.is_chat:
             return b""
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        return b"".join(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}]) for i in range(n))
 
-    def delta_chunk(self, text: str) -> bytes:
-        return self._head + orjson.dumps(text) + self._tail
+    def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0,
+                    usage: dict[str, Any] | None = None) -> bytes:
+        if logprobs is None and index == 0 and usage is None:
+            return self._head + orjson.dumps(text) + self._tail
+        body = {"delta": {"content": text}} if self.is_chat else {"text": text}
+        return self._chunk([{"index": index, **body, "logprobs": logprobs, "finish_reason": None}], usage)
 
-    def final_chunks(self, finish_reason: str, usage: dict[str, Any] | None) -> bytes:
+    def final_chunks(self, finish_reasons: list[str], usage: dict[str, Any] | None) -> bytes:
         empty = {"delta": {}} if self.is_chat else {"text": ""}
-        out = self._chunk([{"index": 0, **empty, "logprobs": None, "finish_reason": finish_reason}])
+        out = b"".join(self._chunk([{"index": i, **empty, "logprobs": None, "finish_reason": reason}])
+                       for i, reason in enumerate(finish_reasons))
         if usage is not None:
             out += self._chunk([], usage)
         return out + b"data: [DONE]\n\n"
 
-    def full_response(self, text: str, finish_reason: str, usage: dict[str, Any]) -> bytes:
+    def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> bytes:
+        """A choice's tool calls, whole, in one delta (each call with its index among the choice's calls)."""
+        deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+        return self._chunk([{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def full_response(self, choices: list[tuple[Any, ...]], usage: dict[str, Any]) -> bytes:
+        """``choices``: (text, finish_reason, logprobs or None[, tool calls or None]) per choice, in index order."""
         if self.is_chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
+            body = [{"index": i, "message": _message(*choice), "logprobs": choice[2], "finish_reason": choice[1]}
+                    for i, choice in enumerate(choices)]
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body = [{"index": i, "text": choice[0], "logprobs": choice[2], "finish_reason": choice[1]}
+                    for i, choice in enumerate(choices)]
             obj = "text_completion"
         return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                             "choices": [choice], "usage": usage})
+                             "choices": body, "usage": usage})
+
+
+def _message(text: str, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    if calls:
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
+    return {"role": "assistant", "content": text}

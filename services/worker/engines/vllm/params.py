@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from vllm import SamplingParams as VllmSamplingParams
-from vllm.sampling_params import RequestOutputKind
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from common.errors import EngineError
-from common.protocol import KvTransferParams
+from common.protocol import KvTransferParams, StructuredOutput, TokenLogprobs
 from common.tiny_model import ModelInfo
 from services.worker.engine import EngineRequest
 from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
@@ -36,18 +37,61 @@ def to_vllm_sampling(
         forced_token = request.token_ids[-1]
         max_tokens = sampling.max_tokens + 1
         extra_args[FORCED_TOKEN_KEY] = forced_token
-    params = VllmSamplingParams(
-        max_tokens=max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        ignore_eos=sampling.ignore_eos,
-        stop_token_ids=sorted(stop_ids),
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-        extra_args=extra_args,
-    )
+    # min_tokens counts output tokens like max_tokens does: the forced first token is one more of them here,
+    # and a prefill-only request emits one token (vLLM refuses min_tokens > max_tokens).
+    min_tokens = sampling.min_tokens
+    if forced_token is not None and min_tokens > 0:
+        min_tokens += 1
+    try:
+        params = VllmSamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min(min_tokens, max_tokens),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            logit_bias=dict(sampling.logit_bias) or None,
+            logprobs=sampling.logprobs,
+            structured_outputs=_structured(sampling.structured),
+            ignore_eos=sampling.ignore_eos,
+            stop_token_ids=sorted(stop_ids),
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra_args,
+        )
+    except (ValueError, VLLMValidationError) as exc:  # vLLM's own checks of the values
+        raise EngineError(f"{request.request_id}: sampling parameters refused by vLLM: {exc}") from exc
     return params, forced_token
+
+
+def _structured(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+    """vLLM's guided decoding for a JSON schema or any JSON object. The prefill and the decode side of one
+    request get the same grammar: the prefill's (forced) first token is then a valid first step for the
+    decode engine's grammar, which advances over it as over any sampled token."""
+    if structured is None:
+        return None
+    # Whitespace: the engine's StructuredOutputsConfig decides (vLLM reads it there, not per request).
+    if structured.json_schema:
+        return StructuredOutputsParams(json=structured.json_schema)
+    return StructuredOutputsParams(json_object=True)
+
+
+def token_logprobs(token_ids: tuple[int, ...], positions: Any, num_top: int) -> tuple[TokenLogprobs, ...]:
+    """Our logprobs for new tokens from vLLM's per-position {token id: Logprob} (the sampled token plus the
+    top ``num_top`` by rank); alternatives sorted highest first."""
+    if positions is None:
+        return ()
+    out = []
+    for i, token_id in enumerate(token_ids):
+        position = positions[i]
+        sampled = position.get(token_id)
+        top = sorted(((tid, float(lp.logprob)) for tid, lp in position.items()
+                      if lp.rank is not None and lp.rank <= num_top), key=lambda pair: -pair[1])[:num_top]
+        out.append(TokenLogprobs(token_id=token_id, logprob=float(sampled.logprob) if sampled else float("nan"),
+                                 top=tuple(top)))
+    return tuple(out)
 
 
 def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:

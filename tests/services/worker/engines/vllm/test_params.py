@@ -7,6 +7,8 @@ import importlib.util
 import pytest
 
 from common.errors import EngineError
+from msgspec.structs import replace
+
 from common.protocol import KvTransferParams, SamplingParams
 from services.worker.engine import EngineRequest
 
@@ -88,3 +90,43 @@ def test_sampling_for_each_request_kind() -> None:
 
     with pytest.raises(EngineError, match="prompt plus the first token"):
         to_vllm_sampling(EngineRequest("c", (42,), sampling, kv_transfer=kv), None)
+
+
+def test_sampling_controls_reach_vllm_on_both_sides() -> None:
+    from common.protocol import StructuredOutput
+    from services.worker.engines.vllm.params import to_vllm_sampling
+
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    sampling = SamplingParams(max_tokens=9, temperature=0.0, presence_penalty=0.5, frequency_penalty=-0.25,
+                              repetition_penalty=1.3, logit_bias={7: 100.0}, min_tokens=4, logprobs=3, seed=11,
+                              structured=StructuredOutput(json_schema=schema))
+    kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
+    prefill, _ = to_vllm_sampling(EngineRequest("p", (7, 8), sampling, prefill_only=True), None)
+    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8, 42), replace(sampling, max_tokens=8, min_tokens=3),
+                                               kv_transfer=kv), None)
+    for params in (prefill, decode):
+        assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.3)
+        assert params.logit_bias == {7: 100.0} and params.logprobs == 3 and params.seed == 11
+        assert params.structured_outputs.json == schema
+    # min_tokens: one token on the prefill side; on the decode side the forced first token is one more output.
+    assert prefill.min_tokens == 1 and decode.min_tokens == 4 and decode.max_tokens == 9
+    any_json, _ = to_vllm_sampling(EngineRequest("j", (7,), SamplingParams(
+        structured=StructuredOutput(json_object=True))), None)
+    assert any_json.structured_outputs.json_object is True
+    with pytest.raises(EngineError, match="refused by vLLM"):
+        to_vllm_sampling(EngineRequest("x", (7,), SamplingParams(max_tokens=2, repetition_penalty=-1.0)), None)
+
+
+def test_token_logprobs_from_vllm_positions() -> None:
+    from vllm.logprobs import Logprob
+
+    from services.worker.engines.vllm.params import token_logprobs
+
+    positions = [
+        {5: Logprob(-0.2, 1), 6: Logprob(-1.9, 2), 9: Logprob(-3.0, 3)},
+        {8: Logprob(-4.0, 7), 6: Logprob(-0.1, 1), 5: Logprob(-2.5, 2), 1: Logprob(-2.9, 3)},  # sampled rank 7
+    ]
+    out = token_logprobs((5, 8), positions, num_top=2)
+    assert [(lp.token_id, lp.logprob) for lp in out] == [(5, -0.2), (8, -4.0)]
+    assert out[0].top == ((5, -0.2), (6, -1.9)) and out[1].top == ((6, -0.1), (5, -2.5))
+    assert token_logprobs((5,), None, 2) == ()

@@ -1,0 +1,143 @@
+"""An OpenAI request's sampling fields, checked, as the ``SamplingParams`` every worker of the request gets.
+
+Ranges follow OpenAI (penalties in [-2, 2], logit_bias in [-100, 100], top_logprobs up to 20) and vLLM
+(repetition_penalty > 0, min_tokens <= max_tokens). What an engine kind cannot honour is refused here, by
+the field's name, before any worker sees the request (``refusal_for_engines``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from common.protocol import SamplingParams, StructuredOutput
+from services.frontend.choices import MAX_CHOICES
+from services.frontend.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from services.frontend.tools import ToolPlan
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+
+# What each engine kind cannot honour, by OpenAI field name. vLLM honours every field this server accepts.
+_ENGINE_UNSUPPORTED: dict[str, tuple[str, ...]] = {
+    "mock": ("presence_penalty", "frequency_penalty", "repetition_penalty", "response_format"),
+}
+
+
+def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                    default_max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
+                    tools: ToolPlan | None = None) -> SamplingParams:
+    _check(1 <= req.n <= MAX_CHOICES, f"n must be between 1 and {MAX_CHOICES}", "n")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
+    max_tokens = max_tokens or default_max_tokens
+    temperature = 1.0 if req.temperature is None else req.temperature
+    _check(0.0 <= temperature <= 2.0, "temperature must be between 0 and 2", "temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    _check(0.0 < top_p <= 1.0, "top_p must be in (0, 1]", "top_p")
+    presence = req.presence_penalty or 0.0
+    _check(-2.0 <= presence <= 2.0, "presence_penalty must be between -2 and 2", "presence_penalty")
+    frequency = req.frequency_penalty or 0.0
+    _check(-2.0 <= frequency <= 2.0, "frequency_penalty must be between -2 and 2", "frequency_penalty")
+    repetition = 1.0 if req.repetition_penalty is None else req.repetition_penalty
+    _check(0.0 < repetition <= 2.0, "repetition_penalty must be in (0, 2]", "repetition_penalty")
+    _check(0 <= req.min_tokens <= max_tokens, "min_tokens must be between 0 and max_tokens", "min_tokens")
+    user_stop_ids = tuple(req.stop_token_ids or ())
+    _check(all(0 <= t < vocab_size for t in user_stop_ids), f"stop_token_ids must be in [0, {vocab_size})",
+           "stop_token_ids")
+    # ignore_eos: the model's end tokens no longer stop generation; the user's own stop ids still do (vLLM).
+    stop_ids = user_stop_ids if req.ignore_eos else tuple(dict.fromkeys((*eos_token_ids, *user_stop_ids)))
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=req.seed,
+                          ignore_eos=req.ignore_eos, stop_token_ids=stop_ids, presence_penalty=presence,
+                          frequency_penalty=frequency, repetition_penalty=repetition,
+                          logit_bias=_logit_bias(req.logit_bias, vocab_size), min_tokens=req.min_tokens,
+                          logprobs=_num_logprobs(req), structured=_structured(req, tools))
+
+
+def _check(ok: bool, message: str, param: str) -> None:
+    if not ok:
+        raise ApiError(400, message, param=param)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    if not bias:
+        return {}
+    _check(len(bias) <= MAX_LOGIT_BIAS, f"logit_bias has more than {MAX_LOGIT_BIAS} entries", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise ApiError(400, f"logit_bias key {key!r} is not a token id", param="logit_bias") from None
+        _check(0 <= token_id < vocab_size, f"logit_bias token id {token_id} is outside [0, {vocab_size})",
+               "logit_bias")
+        _check(-100.0 <= value <= 100.0, f"logit_bias of {token_id} must be between -100 and 100", "logit_bias")
+        out[token_id] = float(value)
+    return out
+
+
+def _num_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """Alternatives per token (None: no logprobs). Chat: logprobs=true plus top_logprobs; completions: an int."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None:
+            _check(req.logprobs, "top_logprobs needs logprobs=true", "top_logprobs")
+            _check(0 <= req.top_logprobs <= MAX_LOGPROBS, f"top_logprobs must be between 0 and {MAX_LOGPROBS}",
+                   "top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    if req.logprobs is None:
+        return None
+    _check(0 <= req.logprobs <= MAX_LOGPROBS, f"logprobs must be between 0 and {MAX_LOGPROBS}", "logprobs")
+    return req.logprobs
+
+
+def _structured(req: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None) -> StructuredOutput | None:
+    fmt = getattr(req, "response_format", None)
+    if tools is not None and tools.structured is not None:
+        _check(fmt is None or fmt.type == "text", "response_format cannot be combined with a forced tool call",
+               "response_format")
+        return tools.structured
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutput(json_object=True)
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise ApiError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+    try:
+        Draft202012Validator.check_schema(fmt.json_schema.schema)
+    except SchemaError as exc:
+        raise ApiError(400, f"response_format schema is not a valid JSON Schema: {exc.message}",
+                       param="response_format") from exc
+    return StructuredOutput(json_schema=orjson.dumps(fmt.json_schema.schema).decode())
+
+
+def refusal_for_engines(sampling: SamplingParams, engines: set[str], guided_by: str = "response_format"
+                        ) -> ApiError | None:
+    """A 400 naming the first field some engine serving the model cannot honour, or None. ``guided_by``: the
+    field that asked for guided decoding (response_format, or tool_choice for a forced tool call)."""
+    asked = {
+        "presence_penalty": sampling.presence_penalty != 0.0,
+        "frequency_penalty": sampling.frequency_penalty != 0.0,
+        "repetition_penalty": sampling.repetition_penalty != 1.0,
+        "response_format": sampling.structured is not None,
+    }
+    for engine in sorted(engines):
+        for name in _ENGINE_UNSUPPORTED.get(engine, ()):
+            if asked.get(name):
+                param = guided_by if name == "response_format" else name
+                return ApiError(400, f"{param} is not supported by this server's {engine} engine", param=param,
+                                code="unsupported_field")
+    return None
+
+
+def engines_of(workers: Any, model: str) -> set[str]:
+    """Engine kinds (WorkerInfo.engine) of the registered workers that serve ``model``."""
+    if workers is None:
+        return set()
+    return {w.engine for w in workers.workers if w.model == model}
