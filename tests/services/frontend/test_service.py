@@ -74,9 +74,9 @@ async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
         seen: list[threading.Thread] = []
         real = service.tokenizer.apply_chat_template
 
-        def record(messages):
+        def record(messages, **kwargs):
             seen.append(threading.current_thread())
-            return real(messages)
+            return real(messages, **kwargs)
 
         service.tokenizer.apply_chat_template = record
         await call(service, "POST", "/v1/chat/completions", chat("a fox jumps " * 1000))  # 12,000 characters
