@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from common.kvtier.sources import Link, LoadSources, TierRun, load_sources, pick_remote_tier
+from common.kvtier.sources import (
+    Link,
+    LoadSources,
+    TierRun,
+    load_sources,
+    pick_remote_tier,
+)
 
 BLOCK_TOKENS = 32
 BLOCK_BYTES = 1 << 20  # 1 MiB per block
