@@ -28,7 +28,9 @@ Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the p
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
-``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64).
+``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64). Per request,
+``kv_transfer_params["kvtier_remote"]`` (the router's pick, ``common.kvtier.sources``) names another host's tier
+for the blocks right after the own tier's run; those are loaded from it (``tier_remotes``) and written through.
 """
 
 from __future__ import annotations
