@@ -36,6 +36,9 @@ class Route(Msg, frozen=True):
     # None: the decode worker prefills locally.
     prefill: WorkerRef | None = None
     num_cached_tokens_predicted: int = 0
+    # A kvtier on another host holding more of the prompt than the decode worker's own host's tier, worth
+    # loading from (common/kvtier/sources.py): its endpoint, passed on in Generate ("" = none).
+    kvtier_remote: str = ""
 
 
 class ListWorkers(Msg, frozen=True):
@@ -62,6 +65,8 @@ class Generate(Msg, frozen=True):
     # Decode worker: pull the prompt's KV from here instead of computing it. token_ids then holds the
     # prompt followed by the first token the prefill worker produced.
     kv_transfer: KvTransferParams | None = None
+    # Route.kvtier_remote: after the own kvtier's run, load the prompt's next blocks from this one.
+    kvtier_remote: str = ""
 
 
 class Tokens(Msg, frozen=True):

@@ -199,7 +199,8 @@ class Pipeline:
                 kv_transfer = prefilled.kv_transfer
         else:
             self.metrics.prefill_decisions.labels(where="local").inc()
-        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, kv_transfer=kv_transfer)
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, kv_transfer=kv_transfer,
+                       kvtier_remote=route.kvtier_remote)
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
                 self.metrics.transfer_failures.inc()

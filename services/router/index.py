@@ -83,6 +83,14 @@ class PrefixIndex:
     def sources(self) -> list[str]:
         return list(self._held)
 
+    def source_run(self, source_id: str, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that ``source_id`` holds, in any tier."""
+        held = self._held.get(source_id, ())
+        n = 0
+        while n < len(hashes) and any(hashes[n] in level for level in held):
+            n += 1
+        return n
+
     def overlaps(self, hashes: Sequence[int], worker_ids: Iterable[str] | None = None) -> dict[str, TierOverlap]:
         """TierOverlap per worker for a request's chained hashes; workers that can reuse nothing are left out.
 

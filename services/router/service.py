@@ -44,6 +44,7 @@ from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
+from services.router.remote_tier import remote_tier
 from services.router.topology import Place, Topology
 
 log = structlog.get_logger(__name__)
@@ -229,9 +230,21 @@ class RouterService:
             self.registry.note_routed(choice.prefill_worker_id, num_uncached)
             self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
+        tier = ""
+        if local and self._tier_info and (decode_entry := self.registry.get(choice.decode_worker_id)) is not None:
+            tier = self._remote_tier(decode_entry, hashes, len(req.token_ids), block_size)
         self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
         return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
-                     num_cached_tokens_predicted=choice.num_cached_tokens_predicted)
+                     num_cached_tokens_predicted=choice.num_cached_tokens_predicted, kvtier_remote=tier)
+
+    def _remote_tier(self, entry, hashes: list[int], num_prompt_tokens: int, block_size: int) -> str:
+        pick = remote_tier(entry.info, self.registry.effective_load(entry), self._tier_info, self.index,
+                           self.topology, self.config.policy.cost, hashes, num_prompt_tokens, block_size)
+        if pick.tier is None:
+            return ""
+        log.info("kvtier_remote_named", worker_id=entry.info.worker_id, tier_id=pick.tier.tier_id,
+                 num_blocks=pick.num_extra_blocks, seconds_saved=round(pick.seconds_saved, 4))
+        return pick.tier.endpoint
 
     def _candidates(self, model: str, roles: frozenset, exclude: tuple[str, ...]) -> list[Candidate]:
         return [

@@ -49,6 +49,8 @@ class EngineRequest:
     # Pull the prompt's KV from a prefill worker instead of computing it. token_ids is then the prompt
     # followed by the prefill worker's first token; the engine computes only that last token.
     kv_transfer: KvTransferParams | None = None
+    # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
+    kvtier_remote: str = ""
 
 
 @dataclass(frozen=True, slots=True)

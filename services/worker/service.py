@@ -226,7 +226,8 @@ class WorkerService:
         # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
         request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer)
+                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
+                                kvtier_remote=msg.kvtier_remote)
         if msg.kv_transfer is not None:
             self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
         try:

@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from bench.lib.graph import REPO, worker_stats
 from bench.lib.hosts import Host, HostProc, Hosts
-from common.protocol import ListWorkers, WorkerList, WorkerStats
+from common.protocol import GetStats, ListWorkers, TierStats, WorkerList, WorkerStats
 from common.transport import Client, new_id
 
 ROUTER_PORT, EVENTS_PORT, FRONTEND_PORT, WORKER_PORT, KVTIER_PORT = 5550, 5551, 8000, 5560, 5570
@@ -140,6 +140,10 @@ class Cluster:
     def stats(self) -> dict[str, WorkerStats]:
         return worker_stats(self.router_endpoint)
 
+    def tier_stats(self, host: Host) -> TierStats:
+        """The stats of the kvtier on ``host``, asked over the bridge."""
+        return asyncio.run(_tier_stats(self.kvtier_endpoint(host)))
+
     def logs(self, tail_chars: int = 3000) -> str:
         return "\n".join(f"--- {s.name} on {s.host.name}:\n{s.proc.logs()[-tail_chars:]}"
                          for s in self.stopped + self.services)
@@ -159,6 +163,18 @@ async def _list_workers(router: str) -> WorkerList:
     try:
         reply = await client.request(ListWorkers(request_id=new_id("t")), 5.0)
         assert isinstance(reply, WorkerList)
+        return reply
+    finally:
+        await client.close()
+        ctx.destroy(linger=0)
+
+
+async def _tier_stats(endpoint: str) -> TierStats:
+    ctx = zmq.asyncio.Context()
+    client = Client(ctx, endpoint)
+    try:
+        reply = await client.request(GetStats(request_id=new_id("t")), 5.0)
+        assert isinstance(reply, TierStats)
         return reply
     finally:
         await client.close()

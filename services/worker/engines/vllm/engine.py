@@ -287,6 +287,8 @@ class VllmEngine:
         prompt_ids = list(request.token_ids[:-1] if forced_token is not None else request.token_ids)
         if request.kv_transfer is not None:
             params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer)
+        elif request.kvtier_remote:  # read by our kvtier connector
+            params.extra_args["kv_transfer_params"] = {"kvtier_remote": request.kvtier_remote}
         failures_before = self._stats.num_transfer_failures
         skip_first = forced_token is not None
         num_top = request.sampling.logprobs or 0

@@ -28,7 +28,9 @@ Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the p
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
-``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64).
+``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64). Per request,
+``kv_transfer_params["kvtier_remote"]`` (the router's pick, ``common.kvtier.sources``) names another host's tier
+for the blocks right after the own tier's run; those are loaded from it (``tier_remotes``) and written through.
 """
 
 from __future__ import annotations
@@ -48,9 +50,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from common.hashing import block_hashes
+from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
 from common.kvtier.client import TierClientConfig
-from services.worker.engines.vllm.tier.plan import BlockPlan, RequestState, load_plan, max_loadable_blocks, save_plan
+from services.worker.engines.vllm.tier.plan import (
+    BlockPlan,
+    RequestState,
+    load_plan,
+    max_loadable_blocks,
+    save_plan,
+    split_plan,
+)
+from services.worker.engines.vllm.tier.remotes import RemoteTiers
 from services.worker.engines.vllm.tier.loader import TierLoader
 from services.worker.engines.vllm.tier.nixl import NixlOnboarder
 from common.kvtier.sync_client import SyncTierClient
@@ -94,6 +105,8 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             max_pending_blocks=1024))
         # Bytes of write-through blocks waiting for kvtier, at most (the oldest are dropped beyond).
         self.max_pending_bytes = int(extra.get("max_pending_mib", 64)) * 1024 * 1024
+        # Other hosts' tiers a request's ``kv_transfer_params["kvtier_remote"]`` names (the router's choice).
+        self.remotes = RemoteTiers(self.client.config, self.transfer == "nixl", self.fetch_timeout_s)
         # Scheduler side.
         self._requests: dict[str, tuple[Request, RequestState]] = {}
         # Worker side.
@@ -124,11 +137,18 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             return 0, False
         began = time.perf_counter()
         state.num_tier_blocks = self.client.probe(state.prompt_hashes[first:end])
-        if state.num_tier_blocks:
+        # The own tier first; a tier on another host (named by the router) for the blocks right after its run.
+        remote = str(params.get("kvtier_remote") or "")
+        state.num_remote_blocks, state.remote = 0, ""
+        if remote and remote != self.client.config.endpoint and first + state.num_tier_blocks < end:
+            probed = self.remotes.probe(remote, state.prompt_hashes[first + state.num_tier_blocks:end])
+            sources = load_sources(state.num_tier_blocks, remote, probed, end - first)
+            state.num_remote_blocks, state.remote = sources.num_remote, sources.remote
+        if state.num_tier_blocks or state.num_remote_blocks:
             log.info("kvtier_hit", worker_id=self.worker_id, req_id=request.request_id,
-                     num_blocks=state.num_tier_blocks, first_block=first,
-                     probe_ms=round((time.perf_counter() - began) * 1e3, 2))
-        return state.num_tier_blocks * self.block_size, False
+                     num_blocks=state.num_tier_blocks, num_remote_blocks=state.num_remote_blocks,
+                     remote=state.remote, first_block=first, probe_ms=round((time.perf_counter() - began) * 1e3, 2))
+        return (state.num_tier_blocks + state.num_remote_blocks) * self.block_size, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         entry = self._requests.get(request.request_id)
@@ -136,13 +156,14 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             return
         state, block_ids = entry[1], blocks.get_block_ids()[0]
         try:
-            state.load = load_plan(request.request_id, state.prompt_hashes, state.num_computed_tokens,
-                                   num_external_tokens, block_ids, self.block_size)
+            plan = load_plan(request.request_id, state.prompt_hashes, state.num_computed_tokens,
+                             num_external_tokens, block_ids, self.block_size)
+            state.loads = split_plan(plan, state.num_tier_blocks, state.remote) if plan is not None else []
         except ValueError:  # vLLM counts these tokens as loaded now: a plan of no hashes fails every block
             log.exception("kvtier_plan_failed", req_id=request.request_id)
             first = state.num_computed_tokens // self.block_size
-            state.load = BlockPlan(request.request_id, (), tuple(block_ids[first:first + num_external_tokens //
-                                                                           self.block_size]))
+            state.loads = [BlockPlan(request.request_id, (), tuple(block_ids[first:first + num_external_tokens //
+                                                                             self.block_size]))]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = TierConnectorMetadata()
@@ -151,12 +172,14 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             if entry is None:
                 continue
             request, state = entry
-            if state.load is not None:
-                meta.loads.append(state.load)
-                state.load = None
+            meta.loads.extend(state.loads)
+            state.loads = []
             if state.first_computed_block is None:
                 # Not yet advanced by this step: the local + tier hit it starts from.
                 state.first_computed_block = request.num_computed_tokens // self.block_size
+                if state.num_remote_blocks:  # from another host's tier: kept in the own one too (next time local)
+                    state.first_computed_block = min(state.first_computed_block, state.num_computed_tokens //
+                                                     self.block_size + state.num_tier_blocks)
             if (self.write_through and not state.saved
                     and state.prefill_done_after(request.num_computed_tokens, num_scheduled)):
                 state.saved = True
@@ -179,7 +202,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             self._requests[request.request_id] = (request, state)
             return state
         state = entry[1]
-        state.load, state.first_computed_block = None, None  # asked again: a new schedule (e.g. after preemption)
+        state.loads, state.first_computed_block = [], None  # asked again: a new schedule (e.g. after preemption)
         return state
 
     # ========================================================================================= worker side
@@ -213,7 +236,13 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     def _load(self, plan: BlockPlan) -> None:
         began = time.perf_counter()
         loader = self._loader
-        assert loader is not None
+        assert loader is not None and self._layout is not None
+        if plan.source:
+            loader = self.remotes.loader(plan.source, self._layout, self.worker_id)
+            if loader is None:  # past the remote tiers kept: recomputed
+                self._load_errors.update(plan.block_ids)
+                self._failed_reqs.add(plan.req_id)
+                return
         loader.phases = {}
         via = "nixl" if loader.nixl_ready() else "inline"
         try:
@@ -232,6 +261,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         block_bytes = self._layout.block_bytes if self._layout else 0
         seconds = time.perf_counter() - began
         log.info("kvtier_loaded", worker_id=self.worker_id, req_id=plan.req_id, via=via, num_blocks=num_ok,
+                 source=plan.source or "own",
                  num_bytes=num_ok * block_bytes, ms=round(seconds * 1e3, 3),
                  gbps=round(num_ok * block_bytes / max(seconds, 1e-9) / 1e9, 3), **loader.phases)
 
@@ -268,4 +298,5 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._nixl is not None:
             self._nixl.close()
+        self.remotes.close()
         self.client.close()

@@ -15,7 +15,7 @@ blocks are offered when computed, not when evicted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,8 @@ class BlockPlan:
     req_id: str
     block_hashes: tuple[int, ...]
     block_ids: tuple[int, ...]
+    # The kvtier to load them from: "" = this worker's own (``--kvtier``), else another host's endpoint.
+    source: str = ""
 
 
 def max_loadable_blocks(num_prompt_tokens: int, block_size: int) -> int:
@@ -47,6 +49,16 @@ def load_plan(req_id: str, prompt_hashes: Sequence[int], num_computed_tokens: in
     return BlockPlan(req_id, tuple(prompt_hashes[first:end]), tuple(request_block_ids[first:end]))
 
 
+def split_plan(plan: BlockPlan, num_local: int, remote: str) -> list[BlockPlan]:
+    """``plan``'s first ``num_local`` blocks from the own tier, the rest from ``remote`` (in that order: a load
+    that fails part way is recomputed from there on). Empty parts are left out."""
+    if not remote or num_local >= len(plan.block_ids):
+        return [plan]
+    parts = [BlockPlan(plan.req_id, plan.block_hashes[:num_local], plan.block_ids[:num_local]),
+             BlockPlan(plan.req_id, plan.block_hashes[num_local:], plan.block_ids[num_local:], remote)]
+    return [p for p in parts if p.block_ids]
+
+
 def save_plan(req_id: str, prompt_hashes: Sequence[int], first_computed_block: int,
               request_block_ids: Sequence[int]) -> BlockPlan | None:
     """The full prompt blocks from ``first_computed_block`` on (those this request computed); None if none."""
@@ -67,11 +79,14 @@ class RequestState:
     # Set by the last probe: tokens vLLM holds locally, and how many tier blocks follow them.
     num_computed_tokens: int = 0
     num_tier_blocks: int = 0
+    # Of those, the ones past the own tier's run, from another host's tier (``remote``, named by the router).
+    num_remote_blocks: int = 0
+    remote: str = ""
     # Index of the first block this request computes itself (None until first scheduled).
     first_computed_block: int | None = None
     saved: bool = False
     # Pending load, emitted in the next connector metadata.
-    load: BlockPlan | None = None
+    loads: list[BlockPlan] = field(default_factory=list)
 
     def prefill_done_after(self, num_computed_tokens: int, num_scheduled_tokens: int) -> bool:
         return num_computed_tokens + num_scheduled_tokens >= self.num_prompt_tokens

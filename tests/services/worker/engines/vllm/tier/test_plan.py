@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.engines.vllm.tier.plan import BlockPlan, RequestState, load_plan, max_loadable_blocks, save_plan
+from services.worker.engines.vllm.tier.plan import (
+    BlockPlan,
+    RequestState,
+    load_plan,
+    max_loadable_blocks,
+    save_plan,
+    split_plan,
+)
 
 BS = 32
 HASHES = [101, 102, 103, 104, 105]  # a prompt of 5 full blocks (+ maybe a partial one)
@@ -48,3 +55,13 @@ def test_prefill_done_when_the_scheduled_chunk_reaches_the_prompt_end() -> None:
     assert not state.prefill_done_after(100, 66)
     assert state.prefill_done_after(100, 67)
     assert state.prefill_done_after(5 * BS + 7, 1)  # decode steps
+
+
+@pytest.mark.parametrize(("num_local", "remote", "want"), [
+    (2, "", [BlockPlan("r", (103, 104, 105), (9, 4, 11))]),  # no other tier named
+    (3, "tcp://b", [BlockPlan("r", (103, 104, 105), (9, 4, 11))]),  # all from the own tier
+    (1, "tcp://b", [BlockPlan("r", (103,), (9,)), BlockPlan("r", (104, 105), (4, 11), "tcp://b")]),
+    (0, "tcp://b", [BlockPlan("r", (103, 104, 105), (9, 4, 11), "tcp://b")]),  # own tier held nothing
+])
+def test_split_plan_loads_the_own_tier_first_then_the_named_one(num_local, remote, want) -> None:
+    assert split_plan(BlockPlan("r", (103, 104, 105), (9, 4, 11)), num_local, remote) == want
