@@ -42,7 +42,7 @@ def profile(
 
         doc = asyncio.run(prof.profile_mock(spec, TimingModel(speedup=mock_speedup), block_size, log=say))
     elif engine == "vllm":
-        from services.worker.engines.vllm.engine import engine_process_env
+        from services.worker.engines.vllm.config import engine_process_env
 
         if model == Path("models/tiny") and not (model / "config.json").exists():
             from common.tiny_model import make_tiny_model

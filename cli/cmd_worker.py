@@ -116,11 +116,8 @@ def worker(
             hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
             tier_write_through=bool(kvtier_write_through)))
     elif engine == "vllm":
-        from services.worker.engines.vllm.engine import (
-            VllmEngine,
-            VllmEngineConfig,
-            engine_process_env,
-        )
+        from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
+        from services.worker.engines.vllm.engine import VllmEngine
 
         config = VllmEngineConfig(
             model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(

@@ -211,7 +211,7 @@ def vllm_config_for(model: Path, spec: ProfileSpec, dtype: str = "auto", block_s
                     kv_cache_gib: int = 1) -> Any:
     """The VllmEngineConfig a profile runs: no connector, no prefix cache, one step per prompt."""
     from common.tiny_model import validate_model_dir
-    from services.worker.engines.vllm.engine import VllmEngineConfig
+    from services.worker.engines.vllm.config import VllmEngineConfig
 
     info = validate_model_dir(model)
     max_len = min(info.max_position_embeddings, 8192)

@@ -19,7 +19,8 @@ import msgspec
 from common.errors import SplitserveError
 from common.protocol import KvTransferParams, SamplingParams
 from services.worker.engine import EngineRequest
-from services.worker.engines.vllm.engine import VllmEngine, VllmEngineConfig
+from services.worker.engines.vllm.config import VllmEngineConfig
+from services.worker.engines.vllm.engine import VllmEngine
 
 PREFIX = "SMOKE "
 

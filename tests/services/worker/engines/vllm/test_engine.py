@@ -46,7 +46,7 @@ class SmokeEngine:
     """One engine process spoken to with JSON lines."""
 
     def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str, log_dir: Path) -> None:
-        from services.worker.engines.vllm.engine import VllmEngineConfig, engine_process_env
+        from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
 
         port = _free_port()
         config = VllmEngineConfig(
@@ -202,6 +202,7 @@ def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> Non
     ghost = {
         "remote_engine_id": "ghost",
         "remote_block_ids": [7],
+        "remote_host": "127.0.0.1",
         "remote_port": _free_port(),
         "remote_request_id": "ghost-req",
     }
@@ -213,7 +214,8 @@ def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> Non
 
 
 async def test_missing_model_dir_is_a_model_error(tmp_path: Path) -> None:
-    from services.worker.engines.vllm.engine import VllmEngine, VllmEngineConfig
+    from services.worker.engines.vllm.config import VllmEngineConfig
+    from services.worker.engines.vllm.engine import VllmEngine
 
     with pytest.raises(ModelError, match="does not exist"):
         await VllmEngine(VllmEngineConfig(model=tmp_path / "absent")).start()

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 
 def _config(**kw):
-    from services.worker.engines.vllm.engine import VllmEngine, VllmEngineConfig
+    from services.worker.engines.vllm.config import VllmEngineConfig
+    from services.worker.engines.vllm.engine import VllmEngine
 
     return VllmEngine(VllmEngineConfig(model=Path("m"), engine_id="w1", hash_seed=7, **kw))._kv_transfer_config()
 
