@@ -9,8 +9,8 @@ import sys
 import time
 import urllib.request
 
-from cli.ports import free_port
 from bench.lib.graph import REPO, tiny_model_dir
+from cli.ports import free_port
 
 
 def _get(url: str) -> bytes | None:
