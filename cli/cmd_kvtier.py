@@ -13,13 +13,22 @@ from cli.options import (
     DEFAULT_ROUTER,
     LogJson,
     LogLevel,
+    MetricsHost,
+    Node,
+    Zone,
+    address_checked,
+    default_node,
 )
 from cli.runner import run_service
 
 
 def kvtier(
     endpoint: str = typer.Option("tcp://127.0.0.1:5570", envvar="SPLITSERVE_KVTIER", help="ZeroMQ bind address"),
-    advertise_endpoint: Optional[str] = typer.Option(None, "--advertise", help="Endpoint workers are told"),
+    advertise_endpoint: Optional[str] = typer.Option(
+        None, "--advertise", help="What workers on other hosts dial, registered with the router: an endpoint "
+        "(tcp://10.0.0.5:5570) or a host (the bound port on it). Needed when --endpoint binds 0.0.0.0"),
+    node: Optional[str] = Node,
+    zone: str = Zone,
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router to register with and publish KV events to (\"\": standalone)"),
     tier_id: str = typer.Option("kvtier-0", help="Source id of this tier in the router's index"),
@@ -32,6 +41,7 @@ def kvtier(
     nixl: bool = typer.Option(True, help="Register the pool with NIXL (UCX + POSIX backends)"),
     disk_nixl: bool = typer.Option(True, help="Disk I/O through NIXL's POSIX backend (else pread/pwrite)"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    metrics_host: str = MetricsHost,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -41,12 +51,16 @@ def kvtier(
     from services.kvtier.pool import GIB
     from services.kvtier.service import KvTierConfig, KvTierService
 
+    from common.addresses import check_bind_advertise
+
     configure_logging(log_level, log_json, "kvtier")
+    address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
     disk_dir = disk_cache_dir
     if disk_cache_gb > 0 and disk_dir is None:
         disk_dir = Path(tempfile.gettempdir()) / f"splitserve-kvtier-{os.getpid()}"
     config = KvTierConfig(tier_id=tier_id, endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                           router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
                           disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
-                          disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port)
+                          disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port,
+                          metrics_host=metrics_host, node=node or default_node(), zone=zone)
     run_service(KvTierService(config).run)

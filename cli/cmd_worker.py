@@ -15,6 +15,11 @@ from cli.options import (
     CurveDir,
     LogJson,
     LogLevel,
+    MetricsHost,
+    Node,
+    Zone,
+    address_checked,
+    default_node,
     reexec_with_engine_env,
     transport,
     validated,
@@ -28,8 +33,11 @@ def worker(
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
     advertise_endpoint: Optional[str] = typer.Option(
-        None, "--advertise", help="Endpoint registered with the router, when peers must dial another address "
-        "than --endpoint (e.g. tcp://prefill:5560 for a container bound to 0.0.0.0)"),
+        None, "--advertise", help="What frontends on other hosts dial, registered with the router: an endpoint "
+        "(tcp://10.0.0.5:5560) or a host (10.0.0.5: the bound port on it). Needed when --endpoint binds 0.0.0.0; "
+        "a wildcard is refused"),
+    node: Optional[str] = Node,
+    zone: str = Zone,
     served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
     worker_id: Optional[str] = typer.Option(None, help="Default: role-pid"),
     engine: str = typer.Option("mock", help="mock | vllm"),
@@ -46,10 +54,16 @@ def worker(
         None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
         "connector API does not expose evictions, so write-through is its only save path)"),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
-    nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine"),
+    nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine on a host"),
+    nixl_host: str = typer.Option("127.0.0.1", help="vLLM: bind address of the NIXL side channel (the "
+                                  "handshake socket decode engines dial; 0.0.0.0: every interface)"),
+    nixl_advertise: str = typer.Option("", help="vLLM: host decode engines on other hosts dial for the side "
+                                       "channel (default: --nixl-host, or when that is 0.0.0.0/:: the host of "
+                                       "--advertise)"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
+    metrics_host: str = MetricsHost,
     drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM: finish requests for at most this long, then exit"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
@@ -62,6 +76,15 @@ def worker(
     configure_logging(log_level, log_json, f"worker-{role}")
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
+    from common.addresses import advertise_host, check_bind_advertise, is_loopback, nixl_advertise_host
+
+    address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
+    nixl_peer_host = address_checked(nixl_advertise_host, nixl_host, nixl_advertise, advertise_endpoint or "")
+    if (engine == "vllm" and role != "decode" and is_loopback(nixl_peer_host) and advertise_endpoint
+            and not is_loopback(address_checked(advertise_host, advertise_endpoint))):
+        typer.echo(f"warning: --advertise {advertise_endpoint} but decode engines are told to pull KV from "
+                   f"{nixl_peer_host}: set --nixl-host 0.0.0.0 (or --nixl-advertise) for decode on other hosts",
+                   err=True)
     info = validated(model)
     name = served_model_name or model.resolve().name
     wid = worker_id or f"{role}-{os.getpid()}"
@@ -101,6 +124,7 @@ def worker(
             # keep room for a whole long prompt in one step.
             max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode"
                                     else max(max_num_batched_tokens, 2048)), kv_role=role, nixl_side_channel_port=nixl_port,
+            nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
         if core is not None and core in os.sched_getaffinity(0):
@@ -114,7 +138,9 @@ def worker(
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
+                                         node=node or default_node(), zone=zone,
                                          transport=transport(curve_dir), metrics_port=metrics_port,
+                                         metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
     run_service(service.run, on_term=service.drain)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import typer
 
@@ -15,6 +15,35 @@ LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
                         help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
+
+
+T = TypeVar("T")
+MetricsHost = typer.Option("127.0.0.1", "--metrics-host", envvar="SPLITSERVE_METRICS_HOST",
+                           help="Bind address of /metrics (0.0.0.0: every interface, for a scraper on another host)")
+Zone = typer.Option("", "--zone", envvar="SPLITSERVE_ZONE",
+                    help="Optional zone label (rack, availability zone) registered with the router")
+
+
+def default_node() -> str:
+    """Default of --node: this machine's name (the router groups workers and tiers by it)."""
+    import socket
+
+    return socket.gethostname()
+
+
+Node = typer.Option(None, "--node", envvar="SPLITSERVE_NODE",
+                    help="Machine name registered with the router (default: this host's hostname)")
+
+
+def address_checked(check: Callable[..., T], *args: object) -> T:
+    """``check(*args)`` (a common/addresses.py decision), or its AddressError as a one-line error, exit code 2."""
+    from common.errors import AddressError
+
+    try:
+        return check(*args)
+    except AddressError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def transport(curve_dir: Optional[Path]):

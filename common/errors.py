@@ -40,3 +40,7 @@ class EngineError(SplitserveError):
 
 class WorkerLost(SplitserveError):
     """A worker stopped answering while it held a request."""
+
+
+class AddressError(SplitserveError, ValueError):
+    """A bind or advertised address peers could not use (a wildcard advertised, an endpoint that cannot be parsed)."""

@@ -41,7 +41,9 @@ class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
 
     remote_engine_id: str
     remote_block_ids: tuple[int, ...]
-    remote_host: str = "127.0.0.1"
+    # The prefill engine's NIXL side channel as decode engines dial it (its advertised host, never a wildcard);
+    # "" from engines that move no bytes (mock).
+    remote_host: str = ""
     remote_port: int = 0
     tp_size: int = 1
     # The prefill worker's id for the request, when the engine names it differently from ours.

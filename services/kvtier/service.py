@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from common import protocol
+from common.addresses import advertised_endpoint, dialable
 from common.errors import ProtocolError, RemoteError, TransportTimeout
 from common.protocol import (
     BlockStored,
@@ -56,8 +57,12 @@ DEFAULT_BLOCK_BYTES = 36864 * 32
 class KvTierConfig:
     tier_id: str = "kvtier-0"
     endpoint: str = "tcp://127.0.0.1:5570"
-    # Endpoint registered with the router for workers to dial ("" = the bound one).
+    # Endpoint registered with the router for workers to dial: an endpoint, or a bare host (the bound port on
+    # it); "" = the bound one (a wildcard is refused: common/addresses.py).
     advertise_endpoint: str = ""
+    # The machine whose DRAM and NVMe this tier serves (one kvtier per node) and its optional zone.
+    node: str = ""
+    zone: str = ""
     # "" = standalone: no registration, no events (the router will not credit kvtier's blocks).
     router_endpoint: str = ""
     host_bytes: int = GIB
@@ -80,6 +85,7 @@ class KvTierConfig:
     # with NIXL; up to this many bytes of them per lookup reply. Untouched pages cost no memory.
     bounce_bytes: int = 64 * 1024 * 1024
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"  # bind address of /metrics
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -101,14 +107,14 @@ class KvTierService:
         cfg = self.config
         ctx = self._ctx = zmq.asyncio.Context()
         self._server = Server(ctx, cfg.endpoint, cfg.transport)
-        self.endpoint = self._server.endpoint
+        self.endpoint = advertised_endpoint(self._server.endpoint, cfg.advertise_endpoint)
         store = self.store = BlockStore(cfg.tier_id, cfg.host_bytes, cfg.block_bytes, cfg.disk_bytes, cfg.disk_dir,
                                         cfg.disk_min_hits, None, cfg.disk_nixl, self.metrics,
                                         num_bounce=max(1, cfg.bounce_bytes // cfg.block_bytes))
         self.metrics.capacity.labels(tier="host").set(store.index.num_slots("host"))
         self.metrics.capacity.labels(tier="disk").set(store.index.num_slots("disk"))
         if cfg.metrics_port:
-            self.metrics.serve(cfg.metrics_port)
+            self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
         background: list[asyncio.Task[None]] = []
         try:
             loop = asyncio.get_running_loop()
@@ -210,9 +216,9 @@ class KvTierService:
         assert self._router is not None and self.store is not None
         backoff_s = 0.1
         msg = RegisterTier(request_id="", tier_id=self.config.tier_id,
-                           endpoint=self.config.advertise_endpoint or self.endpoint,
-                           block_bytes=self.store.block_bytes,
-                           nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "")
+                           endpoint=self.endpoint, block_bytes=self.store.block_bytes,
+                           nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "",
+                           node=self.config.node, zone=self.config.zone)
         while True:
             try:
                 ack = await self._router.request(msgspec.structs.replace(msg, request_id=new_id("treg")),
@@ -238,7 +244,8 @@ class KvTierService:
         sock = self._ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.config.transport.hwm)
-        sock.connect(endpoint)
+        # A router whose SUB binds every interface tells a wildcard: dial it where we reach the router.
+        sock.connect(dialable(endpoint, self.config.router_endpoint))
         self._pub = sock
         self._next_event_id = 0
         index = self.store.index

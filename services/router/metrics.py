@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from common.protocol import WorkerLoad
+from common.protocol import WorkerInfo, WorkerLoad
 
 
 class RouterMetrics:
@@ -38,6 +38,9 @@ class RouterMetrics:
                                         ["worker_id"], registry=r)
         self.worker_running = Gauge("splitserve_router_worker_running", "Running requests per worker",
                                     ["worker_id"], registry=r)
+        # Constant 1 per registered worker; its labels say where it runs (join on worker_id).
+        self.worker_info = Gauge("splitserve_router_worker_info", "Registered workers and where they run",
+                                 ["worker_id", "role", "node", "zone"], registry=r)
         self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
                                     ["worker_id"], registry=r)
 
@@ -54,7 +57,17 @@ class RouterMetrics:
         self.worker_running.labels(worker_id=worker_id).set(load.num_running)
         self.worker_waiting.labels(worker_id=worker_id).set(load.num_waiting)
 
+    def observe_worker(self, info: WorkerInfo) -> None:
+        self.forget_worker_info(info.worker_id)  # a re-registration may have moved it
+        self.worker_info.labels(worker_id=info.worker_id, role=info.role, node=info.node, zone=info.zone).set(1)
+
+    def forget_worker_info(self, worker_id: str) -> None:
+        for labels in [s.labels for m in self.worker_info.collect() for s in m.samples
+                       if s.labels.get("worker_id") == worker_id]:
+            self.worker_info.remove(labels["worker_id"], labels["role"], labels["node"], labels["zone"])
+
     def forget_worker(self, worker_id: str) -> None:
+        self.forget_worker_info(worker_id)
         for gauge in (self.worker_free_blocks, self.worker_running, self.worker_waiting):
             try:
                 gauge.remove(worker_id)

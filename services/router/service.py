@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 
 from common import protocol
+from common.addresses import advertised_events
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
 from common.hashing import block_hashes
 from common.protocol import (
@@ -50,7 +51,9 @@ class RouterConfig:
     endpoint: str = "tcp://127.0.0.1:5550"
     # SUB socket workers publish KV events to; port 0 picks a free one.
     events_endpoint: str = "tcp://127.0.0.1:0"
-    # What workers are told to connect to, when the bind address is not reachable as is (0.0.0.0 in a container).
+    # What workers are told to connect to, when the bind address is not reachable as is: an endpoint or a bare
+    # host (the bound port on it). "" tells the bound endpoint; a wildcard one is dialed by each worker at the
+    # host it reaches the router at (common/addresses.py: dialable).
     events_advertise: str = ""
     # Approximate mode (engines without KV events): how long a routed prefix counts as cached there.
     approx_ttl_s: float = 120.0
@@ -64,6 +67,7 @@ class RouterConfig:
     heartbeat_timeout_s: float = 5.0
     transport: TransportConfig = field(default_factory=TransportConfig)
     metrics_port: int = 0  # 0 = no metrics endpoint
+    metrics_host: str = "127.0.0.1"  # bind address of /metrics
     seed: int = 0
 
 
@@ -79,6 +83,8 @@ class RouterService:
         self._identities: dict[str, bytes] = {}
         # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
         self._tiers: dict[str, float] = {}
+        # Each registered tier's registration as sent (its endpoint, node and zone).
+        self._tier_info: dict[str, RegisterTier] = {}
         self.events_endpoint = ""
         self.policy = Policy(config.policy, seed=config.seed)
         self.metrics = RouterMetrics()
@@ -97,9 +103,10 @@ class RouterService:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         secure_server(sub, self.config.transport.curve)
         sub.bind(self.config.events_endpoint)
-        self.events_endpoint = self.config.events_advertise or sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        bound = sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.events_endpoint = advertised_events(bound, self.config.events_advertise)
         if self.config.metrics_port:
-            self.metrics.serve(self.config.metrics_port)
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         loop = asyncio.get_running_loop()
         reaper = loop.create_task(self._reap_loop())
         events = loop.create_task(self._events_loop(sub))
@@ -130,8 +137,9 @@ class RouterService:
                 self.index.mark_shared(tier_id)
                 self._tiers[tier_id] = now_s
                 self._identities[tier_id] = identity
+                self._tier_info[tier_id] = msg
                 log.info("tier_registered", tier_id=tier_id, endpoint=msg.endpoint, block_bytes=msg.block_bytes,
-                         nixl_agent=msg.nixl_agent)
+                         nixl_agent=msg.nixl_agent, node=msg.node, zone=msg.zone)
                 return RegisterAck(request_id=rid, worker_id=tier_id, events_endpoint=self.events_endpoint)
             case Heartbeat(worker_id=worker_id, load=load, draining=draining):
                 was_draining = (entry := self.registry.get(worker_id)) is not None and entry.draining
@@ -158,8 +166,10 @@ class RouterService:
                 self._identities[info.worker_id] = identity
                 if info.kv_events:
                     self.event_watch.registered(info.worker_id, now_s)
+                self.metrics.observe_worker(info)
                 log.info("worker_registered", worker_id=info.worker_id, role=info.role, model=info.model,
-                         endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size)
+                         endpoint=info.endpoint, num_blocks=info.num_blocks, block_size=info.block_size,
+                         node=info.node, zone=info.zone)
                 return RegisterAck(request_id=rid, worker_id=info.worker_id,
                                    events_endpoint=self.events_endpoint if info.kv_events else "")
             case Unregister(worker_id=worker_id):
@@ -288,6 +298,7 @@ class RouterService:
         dead = [t for t, seen in self._tiers.items() if now_s - seen > self.config.heartbeat_timeout_s]
         for tier_id in dead:
             del self._tiers[tier_id]
+            self._tier_info.pop(tier_id, None)
             self.index.remove_worker(tier_id)
             self._identities.pop(tier_id, None)
             log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")

@@ -20,6 +20,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from common.addresses import advertised_endpoint, dialable
 from common.errors import EngineError, ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
 from common.protocol import (
     Abort,
@@ -54,14 +55,19 @@ class WorkerConfig:
     router_endpoint: str
     # Where frontends reach this worker; port 0 picks a free one (the real one is registered).
     endpoint: str = "tcp://127.0.0.1:0"
-    # Endpoint registered with the router when peers must dial another address than the bound one (a
-    # container binding 0.0.0.0 advertises its service hostname); "" registers the bound endpoint.
+    # What the router tells frontends to dial when it is not the bound endpoint (a socket bound to 0.0.0.0
+    # advertises this host's routable address or name): an endpoint, or a bare host (the bound port on it);
+    # "" registers the bound endpoint (a wildcard is refused: common/addresses.py).
     advertise_endpoint: str = ""
+    # The machine this worker runs on and its optional zone, registered for the router's topology.
+    node: str = ""
+    zone: str = ""
     engine_kind: str = "mock"
     hash_seed: int = 0
     heartbeat_interval_s: float = 0.25
     register_timeout_s: float = 2.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    metrics_host: str = "127.0.0.1"  # bind address of /metrics
     drain_timeout_s: float = 30.0
     drain_quiet_s: float = 0.5
     drain_transfer_grace_s: float = 2.0
@@ -92,7 +98,7 @@ class WorkerService:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
         self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
-        self.endpoint = self._server.endpoint
+        self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
                               on_unsolicited=self._on_router_message)
         background: list[asyncio.Task[None]] = []
@@ -100,7 +106,7 @@ class WorkerService:
             await self.engine.start()
             await self._register()
             if self.config.metrics_port:
-                self.metrics.serve(self.config.metrics_port)
+                self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             loop = asyncio.get_running_loop()
             background.append(loop.create_task(self._heartbeat_loop()))
             if self._events is not None:
@@ -255,9 +261,9 @@ class WorkerService:
         return WorkerInfo(
             worker_id=self.config.worker_id, role=self.config.role, model=self.config.model,
             block_size=self.engine.block_size, num_blocks=self.engine.num_blocks,
-            endpoint=self.config.advertise_endpoint or self.endpoint, engine=self.config.engine_kind,
-            hash_seed=self.config.hash_seed,
+            endpoint=self.endpoint, engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
             max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
+            node=self.config.node, zone=self.config.zone,
         )
 
     async def _register(self) -> None:
@@ -272,7 +278,9 @@ class WorkerService:
                 self._must_register.clear()
                 if self._events is not None and ack.events_endpoint:
                     assert self._ctx is not None
-                    self._events.connect(self._ctx, ack.events_endpoint, self.config.transport)
+                    # A router whose SUB binds every interface tells us a wildcard: dial it where we reach the router.
+                    events = dialable(ack.events_endpoint, self.config.router_endpoint)
+                    self._events.connect(self._ctx, events, self.config.transport)
                 log.info("registered", worker_id=self.config.worker_id, router=self.config.router_endpoint)
                 return
             except RemoteError as exc:

@@ -30,6 +30,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from common.addresses import nixl_advertise_host
 from common.errors import EngineError
 from common.protocol import FinishReason, WorkerLoad
 from common.tiny_model import ModelInfo, validate_model_dir
@@ -66,7 +67,11 @@ class VllmEngineConfig:
     # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
     # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
     kv_role: KvRole | None = "both"
+    # Bind address of vLLM's NIXL side channel (the handshake socket decode engines dial; 0.0.0.0: every
+    # interface) and the host decode engines are told to dial in our kv_transfer_params ("" = the bind address;
+    # required when that is a wildcard). vLLM advertises its bind address as is; we rewrite it (params.py).
     nixl_side_channel_host: str = "127.0.0.1"
+    nixl_advertise_host: str = ""
     # Must be free and distinct per engine on a host: a clash hangs the engine.
     nixl_side_channel_port: int = 5600
     # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB.
@@ -146,6 +151,8 @@ class VllmEngine:
         self._dtype = DtypeChoice(self.config.dtype, "as asked")
         self._kv_events: VllmKvEvents | None = None
         self._events_ctx: zmq.asyncio.Context | None = None
+        # Host decode engines dial for our side channel; AddressError now, not at the first pull.
+        self._nixl_advertise = nixl_advertise_host(config.nixl_side_channel_host, config.nixl_advertise_host, "")
 
     async def start(self) -> None:
         self.model_info = validate_model_dir(self.config.model)  # ModelError before vLLM sees a bad dir
@@ -305,7 +312,8 @@ class VllmEngine:
         reason = _FINISH_REASONS.get(str(out.outputs[0].finish_reason), "error")
         kv_transfer = None
         if request.prefill_only and reason != "abort":
-            kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block)
+            kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block,
+                                              self._nixl_advertise)
         pulled = request.kv_transfer is not None
         return EngineOutput(
             request_id=request.request_id,

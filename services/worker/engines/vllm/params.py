@@ -54,6 +54,8 @@ def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
     """The kv_transfer_params a decode request gives vLLM's NixlConnector (key names as 0.32 reads them)."""
     if not kv.remote_request_id:
         raise EngineError("KvTransferParams.remote_request_id is empty; vLLM's NixlConnector needs it")
+    if not kv.remote_host:
+        raise EngineError("KvTransferParams.remote_host is empty: the prefill worker named no NIXL side channel")
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -67,8 +69,14 @@ def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
     }
 
 
-def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int) -> KvTransferParams:
-    """Type the kv_transfer_params a finished prefill-only request returns."""
+def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int,
+                        advertise_host: str = "") -> KvTransferParams:
+    """Type the kv_transfer_params a finished prefill-only request returns.
+
+    vLLM puts its side channel's *bind* address (VLLM_NIXL_SIDE_CHANNEL_HOST) in remote_host; a decode engine
+    on another host cannot dial 0.0.0.0 or 127.0.0.1, so ``advertise_host`` (the worker's --nixl-advertise)
+    replaces it when given.
+    """
     if not params:
         raise EngineError("prefill finished without kv_transfer_params: is the NixlConnector loaded?")
     try:
@@ -79,7 +87,7 @@ def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int) 
         return KvTransferParams(
             remote_engine_id=str(params["remote_engine_id"]),
             remote_block_ids=block_ids,
-            remote_host=str(params["remote_host"]),
+            remote_host=advertise_host or str(params["remote_host"]),
             remote_port=int(params["remote_port"]),
             tp_size=int(params.get("tp_size", 1)),
             remote_request_id=str(params["remote_request_id"]),

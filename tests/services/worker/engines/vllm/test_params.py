@@ -42,6 +42,20 @@ def test_prefill_params_round_trip_to_decode_params() -> None:
         assert decode[key] == VLLM_PREFILL_PARAMS[key]
 
 
+@pytest.mark.parametrize(("vllm_host", "advertise_host", "expected"), [
+    ("127.0.0.1", "", "127.0.0.1"),  # one host: vLLM's bind address is dialable as is
+    ("0.0.0.0", "198.18.0.2", "198.18.0.2"),  # bound to every interface: the worker's --nixl-advertise
+    ("127.0.0.1", "198.18.0.2", "198.18.0.2"),  # an advertised host always wins
+])
+def test_prefill_params_carry_the_advertised_side_channel_host(vllm_host: str, advertise_host: str,
+                                                              expected: str) -> None:
+    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+
+    kv = kv_params_from_vllm({**VLLM_PREFILL_PARAMS, "remote_host": vllm_host}, 1000, advertise_host)
+    assert kv.remote_host == expected and kv.remote_port == 15611
+    assert decode_kv_params(kv)["remote_host"] == expected
+
+
 def test_bad_prefill_params() -> None:
     from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
 
@@ -52,7 +66,9 @@ def test_bad_prefill_params() -> None:
     with pytest.raises(EngineError, match="unexpected"):
         kv_params_from_vllm({"remote_block_ids": [[1]]}, 1)
     with pytest.raises(EngineError, match="remote_request_id"):
-        decode_kv_params(KvTransferParams(remote_engine_id="p", remote_block_ids=(1,)))
+        decode_kv_params(KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_host="h"))
+    with pytest.raises(EngineError, match="remote_host is empty"):
+        decode_kv_params(KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r"))
 
 
 def test_sampling_for_each_request_kind() -> None:
