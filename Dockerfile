@@ -35,15 +35,18 @@ WORKDIR /opt/splitserve
 
 # -------------------------------------------------------------------------------- mock: the mock engine only
 FROM base AS mock
+# The dependencies first, in a layer of their own: a change to the code rebuilds only the offline install below.
 COPY pyproject.toml ./
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && python3 -c "import tomllib; doc = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(doc['project']['dependencies'] + doc['build-system']['requires']))" > /tmp/requirements.txt \
+    && pip install -q -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY cli ./cli
 COPY common ./common
 COPY services ./services
 COPY bench ./bench
-RUN --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
-    && pip install -q . \
-    && rm -rf build *.egg-info
+RUN pip install -q --no-deps --no-build-isolation . && rm -rf build *.egg-info
 RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
 USER 10001:10001
 ENV HOME=/var/lib/splitserve

@@ -14,9 +14,9 @@ IMAGE_TARGET ?= full
 LOCAL_BASE   := localhost/splitserve-base:bookworm
 BASE_IMAGE   ?= $(shell $(CONTAINER_ENGINE) image exists $(LOCAL_BASE) >/dev/null 2>&1 && echo $(LOCAL_BASE))
 CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
-# Local wheel directory (the machine's torch wheel): pip's find-links inside the build; podman only (a build volume).
+# --format docker: OCI images have no HEALTHCHECK. Local wheel directory (the machine's torch wheel): pip's find-links inside the build; podman only (a build volume).
 WHEELS_DIR   ?= $(PIP_FIND_LINKS)
-IMAGE_ARGS    = --target $(IMAGE_TARGET) -t $(IMAGE) \
+IMAGE_ARGS    = --target $(IMAGE_TARGET) -t $(IMAGE) $(if $(filter podman,$(CONTAINER_ENGINE)),--format docker) \
 	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	$(if $(wildcard $(CA_BUNDLE)),--secret id=ca_bundle$(comma)src=$(CA_BUNDLE)) \
 	$(if $(and $(filter podman,$(CONTAINER_ENGINE)),$(wildcard $(WHEELS_DIR))),-v $(WHEELS_DIR):/wheels:ro --build-arg WHEELS_DIR=/wheels)
