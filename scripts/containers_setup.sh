@@ -73,6 +73,8 @@ else
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,libnuma1 \
     "$SUITE" "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >/dev/null
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-  tar -C "$root" -c . | podman import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+  # podman import sets no environment: PATH as Debian's images have it.
+  tar -C "$root" -c . | podman import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
 fi
 step "done: $(podman --version), runtime $(podman info --format '{{.Host.OCIRuntime.Name}}'), base $BASE_IMAGE"

@@ -1,0 +1,221 @@
+"""deploy/kubernetes/: every manifest (base and overlays) against the Kubernetes schemas, and the graph run by
+`podman kube play` with the mock engine, one request served through the frontend pod.
+
+podman kube play (4.3) is not a cluster. What it runs, and what this test therefore changes (``for_kube_play``):
+- Deployments, as pods named <deployment>-pod-<n>; it has no DaemonSet, so kvtier runs as a one-replica Deployment
+  (one "node") without its hostPort; Services, the Namespace and RBAC are ignored (no Service DNS, no API server):
+  the Services' names become the pods' names, which podman's network DNS resolves; the planner is left out.
+- The downward API gives only metadata fields: status.podIP becomes metadata.name (the pod's resolvable name),
+  status.hostIP the kvtier pod's name, spec.nodeName one node name for all.
+- Secrets are podman secrets holding the Secret as JSON, created before the play (not read from the YAML).
+- The frontend publishes its port on 127.0.0.1 (hostPort), one replica.
+Everything else (images, args, environment from the ConfigMap, CURVE key volumes, security contexts, emptyDirs)
+runs as written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.launcher import free_port
+from common.security import make_curve_keys
+from tests.containers.kube import KUBE, build, load_docs
+from tests.containers.podman import http_get, podman, wait_until
+
+pytestmark = [pytest.mark.containers]
+
+OVERLAYS = [KUBE, KUBE / "overlays" / "mock", KUBE / "overlays" / "gpu"]
+# The newest schemas kubernetes-validate bundles, and the oldest Kubernetes still commonly run.
+K8S_VERSIONS = ["1.37.0", "1.30.0"]
+NODE = "podman-node"
+READY_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> Path:
+    return make_curve_keys(tmp_path_factory.mktemp("keys") / "keys")
+
+
+@pytest.fixture(scope="module")
+def kubernetes_validate():
+    return pytest.importorskip("kubernetes_validate", reason="no kubernetes-validate (`make containers-setup`)")
+
+
+# ------------------------------------------------------------------------------------------------ schemas
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.relative_to(KUBE.parent).as_posix())
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(overlay: Path, keys: Path,
+                                                                kubernetes_validate) -> None:
+    docs = build(overlay, keys)
+    assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "Service", "Secret", "ConfigMap", "Role"}
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_validator_rejects_a_misspelled_field(keys: Path, kubernetes_validate) -> None:
+    decode = copy.deepcopy(_by_name(build(KUBE, keys), "splitserve-decode"))
+    decode["spec"]["template"]["spec"]["terminationGracePeriod"] = 45
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(decode, K8S_VERSIONS[0], strict=True)
+
+
+def _by_name(docs: list[dict], name: str, kind: str = "Deployment") -> dict:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _pod_spec(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+def test_pools_drain_on_the_way_out_and_are_probed(keys: Path) -> None:
+    docs = build(KUBE, keys)
+    for pool in ("splitserve-prefill", "splitserve-decode"):
+        spec = _pod_spec(_by_name(docs, pool))
+        worker = spec["containers"][0]
+        drain = float(next(a for a in worker["args"] if a.startswith("--drain-timeout-s=")).split("=")[1])
+        assert spec["terminationGracePeriodSeconds"] > drain, "the grace period must cover the drain"
+        assert "kill -TERM 1" in " ".join(worker["lifecycle"]["preStop"]["exec"]["command"])
+        assert {"readinessProbe", "livenessProbe", "startupProbe"} <= set(worker)
+        annotations = _by_name(docs, pool)["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert f"--metrics-port={annotations['prometheus.io/port']}" in worker["args"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+    assert _by_name(docs, "splitserve-kvtier", "DaemonSet")
+
+
+def test_gpu_is_a_value_of_the_gpu_overlay_only(keys: Path) -> None:
+    base, gpu = build(KUBE, keys), build(KUBE / "overlays" / "gpu", keys)
+    for pool in ("splitserve-prefill", "splitserve-decode"):
+        assert "nvidia.com/gpu" not in json.dumps(_by_name(base, pool))
+        resources = _pod_spec(_by_name(gpu, pool))["containers"][0]["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == 1 and resources["requests"]["cpu"] == "2"
+
+
+def test_the_scaler_role_grants_only_the_pools_scale(keys: Path) -> None:
+    role = _by_name(build(KUBE, keys), "splitserve-planner-scaler", "Role")
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                              "resourceNames": ["splitserve-prefill", "splitserve-decode"],
+                              "verbs": ["get", "patch", "update"]}]
+    planner = _pod_spec(_by_name(build(KUBE, keys), "splitserve-planner"))
+    assert planner["serviceAccountName"] == "splitserve-planner"
+    assert "--scaler=kubernetes" in planner["containers"][0]["args"]
+
+
+def test_no_key_material_is_committed() -> None:
+    for path in KUBE.rglob("*"):
+        if path.is_file():
+            assert "-----BEGIN" not in path.read_text() and "secret-key" not in path.read_text(), path
+    assert (KUBE / ".gitignore").read_text().split() == ["keys/"]
+
+
+# --------------------------------------------------------------------------------------------- kube play
+def for_kube_play(docs: list[dict], image: str, port: int) -> tuple[list[dict], list[dict]]:
+    """(documents podman kube play can run, the Secrets to create as podman secrets first): module docstring."""
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    secrets = [d for d in docs if d["kind"] == "Secret"]
+    kvtier_pod = "splitserve-kvtier-pod-0"
+    out = []
+    for doc in copy.deepcopy(docs):
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind not in ("Deployment", "DaemonSet", "ConfigMap") or name == "splitserve-planner":
+            continue
+        text = json.dumps(doc)
+        for service in services:
+            text = text.replace(f"{service}:", f"{service}-pod-0:").replace(f"//{service}/", f"//{service}-pod-0/")
+        doc = json.loads(text)
+        if kind == "ConfigMap":
+            out.append(doc)
+            continue
+        if kind == "DaemonSet":
+            doc["kind"] = "Deployment"
+        doc["spec"]["replicas"] = 1
+        for container in _pod_spec(doc)["containers"]:
+            container["image"] = image
+            for env in container.get("env", []):
+                field = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                if field == "status.podIP":
+                    env["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
+                elif field == "status.hostIP":
+                    env.pop("valueFrom")
+                    env["value"] = kvtier_pod
+                elif field == "spec.nodeName":
+                    env.pop("valueFrom")
+                    env["value"] = NODE
+            for p in container.get("ports", []):
+                p.pop("hostPort", None)
+            if name == "splitserve-frontend":
+                container["ports"] = [{"name": "http", "containerPort": 8000, "hostPort": port,
+                                       "hostIP": "127.0.0.1"}]
+        out.append(doc)
+    return out, secrets
+
+
+@pytest.fixture(scope="module")
+def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
+    tag = f"sskube{os.getpid()}"
+    port = free_port()
+    docs, secrets = for_kube_play(build(KUBE / "overlays" / "mock", keys), mock_image, port)
+    play = tmp_path_factory.mktemp("kube") / "play.yaml"
+    play.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    network = f"{tag}-net"
+    secret_names = [s["metadata"]["name"] for s in secrets]
+    try:
+        podman("network", "create", network, check=True)
+        for secret in secrets:
+            source = play.parent / f"{secret['metadata']['name']}.json"
+            source.write_text(json.dumps(secret))
+            podman("secret", "rm", secret["metadata"]["name"])
+            podman("secret", "create", secret["metadata"]["name"], str(source), check=True)
+        result = podman("kube", "play", "--network", network, str(play), timeout_s=300)
+        assert result.returncode == 0, f"kube play failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        url = f"http://127.0.0.1:{port}"
+        ready = wait_until(lambda: http_get(url + "/health")[0] == 200, READY_TIMEOUT_S)
+        if not ready:
+            logs = {n: podman("logs", "--tail", "15", n).stderr[-1200:] for n in
+                    podman("ps", "-a", "--filter", "label=app.kubernetes.io/name=splitserve", "--format",
+                           "{{.Names}}").stdout.split()}
+            pytest.fail(f"frontend pod not healthy in {READY_TIMEOUT_S} s: {http_get(url + '/health')}\n{logs}")
+        yield url
+    finally:
+        podman("kube", "down", str(play), timeout_s=120)
+        for name in secret_names:
+            podman("secret", "rm", name)
+        podman("network", "rm", "-f", network)
+
+
+@pytest.mark.slow
+def test_kube_play_serves_a_request_through_the_frontend_pod(played: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=played + "/v1", api_key="unused", max_retries=0, timeout=60)
+    out = client.completions.create(model="tiny", prompt="hello kubernetes", max_tokens=12,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 12 and out.choices[0].text
+    status, body = http_get(played + "/health")
+    health = json.loads(body)
+    assert status == 200 and health["num_prefill_workers"] == 1 and health["num_decode_workers"] == 1
+    # The pods run as the manifests say: non-root, with the CURVE keys from the Secret mounted read-only.
+    decode = "splitserve-decode-pod-0-worker"
+    assert podman("exec", decode, "id", "-u", check=True).stdout.strip() == "10001"
+    listing = podman("exec", decode, "ls", "/etc/splitserve/curve", "/etc/splitserve/curve/clients",
+                     check=True).stdout
+    assert "server.key_secret" in listing and "client.key" in listing
+
+
+def test_load_docs_reads_every_file(keys: Path) -> None:
+    # Every YAML file under deploy/kubernetes/ parses and is used by a kustomization.
+    used = set()
+    for kust in KUBE.rglob("kustomization.yaml"):
+        spec = yaml.safe_load(kust.read_text())
+        used |= {(kust.parent / r).resolve() for r in spec.get("resources", [])}
+        used |= {(kust.parent / p["path"]).resolve() for p in spec.get("patches", [])}
+        used.add(kust.resolve())
+    for path in KUBE.rglob("*.yaml"):
+        assert load_docs(path), path
+        assert path.resolve() in used, f"{path} is in no kustomization"
