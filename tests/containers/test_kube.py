@@ -3,13 +3,16 @@
 
 podman kube play (4.3) is not a cluster. What it runs, and what this test therefore changes (``for_kube_play``):
 - Deployments, as pods named <deployment>-pod-<n>; it has no DaemonSet, so kvtier runs as a one-replica Deployment
-  (one "node") without its hostPort; Services, the Namespace and RBAC are ignored (no Service DNS, no API server):
+  (one "node"); Services, the Namespace and RBAC are ignored (no Service DNS, no API server):
   the Services' names become the pods' names, which podman's network DNS resolves; the planner is left out.
 - The downward API gives only metadata fields: status.podIP becomes metadata.name (the pod's resolvable name),
   status.hostIP the kvtier pod's name, spec.nodeName one node name for all.
-- Secrets are podman secrets holding the Secret as JSON, created before the play (not read from the YAML).
-- The frontend publishes its port on 127.0.0.1 (hostPort), one replica.
-Everything else (images, args, environment from the ConfigMap, CURVE key volumes, security contexts, emptyDirs)
+- Secret volumes become a hostPath with the same files: kube play 4.3 writes a Secret's values still base64-encoded
+  and ignores `items`. The ConfigMap is folded into each container's env and $(VAR) in args expanded by the
+  test (kube play 4.3 does neither: it leaves "$(SPLITSERVE_MODEL)" as written).
+- kube play publishes every containerPort on the host: only the frontend keeps one, on 127.0.0.1 (hostPort), one
+  replica; the probes' named ports become numbers.
+Everything else (images, args, CURVE keys, runAsUser/fsGroup, read-only root filesystems, emptyDirs, probes)
 runs as written.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -115,63 +119,76 @@ def test_no_key_material_is_committed() -> None:
 
 
 # --------------------------------------------------------------------------------------------- kube play
-def for_kube_play(docs: list[dict], image: str, port: int) -> tuple[list[dict], list[dict]]:
-    """(documents podman kube play can run, the Secrets to create as podman secrets first): module docstring."""
-    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
-    secrets = [d for d in docs if d["kind"] == "Secret"]
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in args (kube play 4.3 leaves them as written)."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def for_kube_play(docs: list[dict], image: str, port: int, keys: Path) -> list[dict]:
+    """The documents podman kube play can run (module docstring: what changes and why)."""
+    text = json.dumps(docs)
+    for service in {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}:
+        text = text.replace(f"//{service}:", f"//{service}-pod-0:").replace(f"//{service}/", f"//{service}-pod-0/")
+    docs = json.loads(text)
+    config = next(d["data"] for d in docs if d["kind"] == "ConfigMap")
     kvtier_pod = "splitserve-kvtier-pod-0"
     out = []
-    for doc in copy.deepcopy(docs):
+    for doc in docs:
         kind, name = doc["kind"], doc["metadata"]["name"]
-        if kind not in ("Deployment", "DaemonSet", "ConfigMap") or name == "splitserve-planner":
+        if kind not in ("Deployment", "DaemonSet") or name == "splitserve-planner":
             continue
-        text = json.dumps(doc)
-        for service in services:
-            text = text.replace(f"{service}:", f"{service}-pod-0:").replace(f"//{service}/", f"//{service}-pod-0/")
-        doc = json.loads(text)
-        if kind == "ConfigMap":
-            out.append(doc)
-            continue
-        if kind == "DaemonSet":
-            doc["kind"] = "Deployment"
+        doc["kind"] = "Deployment"
         doc["spec"]["replicas"] = 1
-        for container in _pod_spec(doc)["containers"]:
+        pod = f"{doc['metadata']['name']}-pod-0"
+        spec = _pod_spec(doc)
+        for volume in spec.get("volumes", []):
+            if "secret" in volume:
+                volume.pop("secret")
+                volume["hostPath"] = {"path": str(keys), "type": "Directory"}
+        for container in spec["containers"]:
             container["image"] = image
-            for env in container.get("env", []):
-                field = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-                if field == "status.podIP":
-                    env["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
-                elif field == "status.hostIP":
-                    env.pop("valueFrom")
-                    env["value"] = kvtier_pod
-                elif field == "spec.nodeName":
-                    env.pop("valueFrom")
-                    env["value"] = NODE
-            for p in container.get("ports", []):
-                p.pop("hostPort", None)
+            fields = {"metadata.name": pod, "status.podIP": pod, "status.hostIP": kvtier_pod, "spec.nodeName": NODE}
+            env = dict(config) if container.pop("envFrom", None) else {}
+            for item in container.get("env", []):
+                ref = item.get("valueFrom", {})
+                if "fieldRef" in ref:
+                    env[item["name"]] = fields[ref["fieldRef"]["fieldPath"]]
+                elif "value" in item:
+                    env[item["name"]] = _expand(item["value"], env)
+            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+            container["args"] = [_expand(a, env) for a in container["args"]]
+            numbers = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                for action in ("httpGet", "tcpSocket"):
+                    if action in container.get(probe, {}):
+                        named = container[probe][action]["port"]
+                        container[probe][action]["port"] = numbers.get(named, named)
+            container["ports"] = []
             if name == "splitserve-frontend":
                 container["ports"] = [{"name": "http", "containerPort": 8000, "hostPort": port,
                                        "hostIP": "127.0.0.1"}]
         out.append(doc)
-    return out, secrets
+    return out
 
 
 @pytest.fixture(scope="module")
 def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
     tag = f"sskube{os.getpid()}"
     port = free_port()
-    docs, secrets = for_kube_play(build(KUBE / "overlays" / "mock", keys), mock_image, port)
+    # The Secret's layout (items) on disk, readable by the pods' user: test keys in a temporary directory.
+    mounted = tmp_path_factory.mktemp("curve")
+    for key, path in {"server.key": "server.key", "server.key_secret": "server.key_secret",
+                      "client.key_secret": "client.key_secret", "clients/client.key": "clients/client.key"}.items():
+        (mounted / path).parent.mkdir(parents=True, exist_ok=True)
+        (mounted / path).write_bytes((keys / key).read_bytes())
+    for path in [mounted, *mounted.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    docs = for_kube_play(build(KUBE / "overlays" / "mock", keys), mock_image, port, mounted)
     play = tmp_path_factory.mktemp("kube") / "play.yaml"
     play.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     network = f"{tag}-net"
-    secret_names = [s["metadata"]["name"] for s in secrets]
     try:
         podman("network", "create", network, check=True)
-        for secret in secrets:
-            source = play.parent / f"{secret['metadata']['name']}.json"
-            source.write_text(json.dumps(secret))
-            podman("secret", "rm", secret["metadata"]["name"])
-            podman("secret", "create", secret["metadata"]["name"], str(source), check=True)
         result = podman("kube", "play", "--network", network, str(play), timeout_s=300)
         assert result.returncode == 0, f"kube play failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         url = f"http://127.0.0.1:{port}"
@@ -184,8 +201,6 @@ def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
         yield url
     finally:
         podman("kube", "down", str(play), timeout_s=120)
-        for name in secret_names:
-            podman("secret", "rm", name)
         podman("network", "rm", "-f", network)
 
 
