@@ -95,6 +95,17 @@ def project(mock_image: str) -> Project:
         podman("network", "rm", "-f", f"{name}_splitserve")
 
 
+def test_podman_compose_reads_compose_yaml_unchanged() -> None:
+    command = podman_compose()
+    if command is None:
+        pytest.skip("no podman-compose (`make containers-setup` installs it into the venv)")
+    for files in (FILES[:1], FILES):
+        result = subprocess.run([*command, *[a for f in files for a in ("-f", f)], "config"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "splitserve:latest" in result.stdout and "--role=decode" in result.stdout
+
+
 def _busy_decode(proj: Project) -> list[str]:
     """Decode services whose engine is running a request (their Prometheus endpoint, read inside the container)."""
     busy = []
