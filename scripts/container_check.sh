@@ -24,6 +24,12 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 build_s=$((SECONDS - t0))
 
+dump_logs() {
+  for c in $(podman ps -a --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}'); do
+    echo "== $c"; podman logs --tail 40 "$c" 2>&1 | grep -v 'systemd connection' | tail -40 | cut -c1-400
+  done
+}
+
 cleanup() {
   "${COMPOSE[@]}" down -t 10 >/dev/null 2>&1 || true
   for id in $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT"); do podman rm -f "$id" >/dev/null; done
@@ -41,9 +47,7 @@ for _ in $(seq 1 "$READY_TIMEOUT_S"); do
 done
 ready_s=$((SECONDS - t1))
 if [ "$ready" != 1 ]; then
-  for c in $(podman ps -a --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}'); do
-    echo "== $c"; podman logs --tail 30 "$c" 2>&1 | tail -30
-  done
+  dump_logs
   echo "{\"ok\": false, \"stage\": \"ready\", \"build_s\": $build_s, \"waited_s\": $ready_s}"
   exit 1
 fi
@@ -53,15 +57,22 @@ fi
 prompt=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog'] * 40))")
 body=$(python3 -c "import json,sys; print(json.dumps({'model': 'tiny', 'prompt': sys.argv[1], 'max_tokens': 16, 'ignore_eos': True}))" "$prompt")
 t2=$SECONDS
-answer=$(curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' -d "$body")
+if ! answer=$(curl -sS --max-time 300 "http://127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' \
+                -d "$body"); then
+  dump_logs
+  echo "{\"ok\": false, \"stage\": \"request\", \"build_s\": $build_s, \"ready_s\": $ready_s}"
+  exit 1
+fi
 request_s=$((SECONDS - t2))
+echo "answer: $answer"
 decode=$(podman ps --filter "label=io.podman.compose.project=$PROJECT" --filter "label=io.podman.compose.service=decode" --format '{{.Names}}')
 metrics=$(podman exec "$decode" python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())")
 pulls=$(echo "$metrics" | awk '/^splitserve_worker_kv_transfers_total/ {s += $2} END {print s + 0}')
 failures=$(echo "$metrics" | awk '/^splitserve_worker_kv_transfer_failures_total/ {s += $2} END {print s + 0}')
 bytes=$(echo "$metrics" | awk '/^splitserve_worker_kv_transfer_bytes_total/ {s += $2} END {printf "%d", s + 0}')
-tokens=$(echo "$answer" | python3 -c "import json,sys; print(json.load(sys.stdin)['usage']['completion_tokens'])")
+tokens=$(echo "$answer" | python3 -c "import json,sys; print(json.load(sys.stdin).get('usage', {}).get('completion_tokens', 0))" \
+         || echo 0)
 ok=false
 if [ "$tokens" = 16 ] && awk "BEGIN {exit !($pulls > 0)}" && awk "BEGIN {exit !($failures == 0)}"; then ok=true; fi
 echo "{\"ok\": $ok, \"completion_tokens\": $tokens, \"kv_pulls\": $pulls, \"kv_pull_failures\": $failures, \"kv_bytes\": $bytes, \"build_s\": $build_s, \"ready_s\": $ready_s, \"request_s\": $request_s}"
-[ "$ok" = true ]
+[ "$ok" = true ] || { dump_logs; exit 1; }

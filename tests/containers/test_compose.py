@@ -33,7 +33,9 @@ MODEL = "tiny"
 FILES = ["compose.yaml", "compose.podman.yaml", "tests/containers/compose.two-decode.yaml"]
 UP_TIMEOUT_S = 300
 READY_TIMEOUT_S = 120
-PROMPT = [200 + i for i in range(120)]
+# Longer than the router's --local-prefill-max-tokens (256, compose.yaml): prefill runs in the prefill container,
+# decode in a decode container, the (mock) KV handed between them over the compose network.
+PROMPT = [200 + i for i in range(300)]
 # ~29 ms a token with the mock's default timing: a stream of ~6 s, long enough to kill a worker in the middle.
 MAX_TOKENS = 200
 
