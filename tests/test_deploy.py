@@ -36,16 +36,6 @@ GRAPH = {"router", "prefill", "decode", "frontend", "kvtier-prefill", "kvtier-de
 WORKERS = ("prefill", "decode")
 NAMESPACES = ("network_mode", "ipc", "pid")
 
-# The multihost options (docs/multihost.md) land with the mh-net branch. Until the CLI has one of them, the files
-# may use it: it is left out of click's parse, and test_pending_multihost_options_exist skips naming it. Once the
-# CLI has an option it is checked like any other; remove this table when the merge is done.
-PENDING_OPTIONS = {
-    "worker": {"--node", "--zone", "--nixl-host", "--nixl-advertise", "--metrics-host"},
-    "kvtier": {"--node", "--zone", "--metrics-host"},
-    "router": {"--metrics-host"},
-}
-
-
 # Typer builds click commands (its own vendored click in recent versions): only their duck type is relied on.
 Command = Any
 
@@ -80,15 +70,9 @@ def _option_names(command: Command) -> tuple[set[str], set[str]]:
             {opt for p in options if p.is_flag for opt in p.opts})
 
 
-def _pending(command: Command) -> set[str]:
-    """Options from PENDING_OPTIONS this command does not have yet."""
-    return PENDING_OPTIONS.get(command.name or "", set()) - _option_names(command)[0]
-
-
 def _check_args(command: Command, args: list[str], where: str) -> dict[str, str]:
     """Every `--option` in args is an option of command; returns {option: value} for the ones with a value."""
     names, flags = _option_names(command)
-    names |= _pending(command)  # taking a value, as all of them do
     values: dict[str, str] = {}
     i = 0
     while i < len(args):
@@ -105,35 +89,13 @@ def _check_args(command: Command, args: list[str], where: str) -> dict[str, str]
     return values
 
 
-def _without_pending(command: Command, args: list[str]) -> list[str]:
-    pending = _pending(command)
-    out: list[str] = []
-    skip_value = False
-    for arg in args:
-        if skip_value:
-            skip_value = False
-            continue
-        name, eq, _ = arg.partition("=")
-        if name in pending:
-            skip_value = not eq
-            continue
-        out.append(arg)
-    return out
-
-
 def _parse(command: Command, args: list[str], where: str) -> None:
     """Let click parse the arguments for real (types, required options) without running anything."""
     try:
-        command.make_context(command.name or "splitserve", _without_pending(command, list(args)))
+        command.make_context(command.name or "splitserve", list(args))
     except Exception as exc:  # click's UsageError and friends
         message = exc.format_message() if hasattr(exc, "format_message") else repr(exc)
         pytest.fail(f"{where}: {message}")
-
-
-def test_pending_multihost_options_exist() -> None:
-    missing = {name: sorted(_pending(command)) for name, command in _commands().items() if _pending(command)}
-    if missing:
-        pytest.skip(f"deploy files use multihost options the CLI lacks until branch mh-net merges: {missing}")
 
 
 # ----------------------------------------------------------------------------------------------------- compose
