@@ -133,6 +133,9 @@ class TierClient:
         except (TransportTimeout, RemoteError, zmq.ZMQError, AssertionError) as exc:
             self._failed("lookup", exc)
             # Blocks already verified are still good: use them.
+        except Exception as exc:  # a lookup is an optimisation: whatever breaks in it costs a recompute, not the request
+            log.exception("kvtier_lookup_failed")
+            self._failed("lookup", exc)
         self.num_hits += len(out)
         return out
 
@@ -184,8 +187,19 @@ class TierClient:
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
             self._client = Client(self._ctx, self.config.endpoint, TransportConfig(hwm=self.config.hwm))
-        # The outer wait_for also bounds a send blocked on a full queue.
-        return await asyncio.wait_for(self._client.request(msg, timeout_s), timeout_s + 0.05)
+        # The outer wait_for also bounds a send blocked on a full queue. It raises the builtin TimeoutError (also
+        # when both deadlines expire in one turn of a busy loop): named like the inner timeout, so every caller's
+        # "kvtier failed -> recompute" path sees it.
+        try:
+            return await asyncio.wait_for(self._client.request(msg, timeout_s), timeout_s + 0.05)
+        except TimeoutError as exc:
+            raise TransportTimeout(f"kvtier gave no reply to {type(msg).__name__} in {timeout_s} s") from exc
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller cancelled us: pass it on
+            # Another lookup's failure closed the socket this one was sending on: a failure, not a cancel.
+            raise TransportTimeout(f"kvtier socket reset during {type(msg).__name__}") from exc
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():
