@@ -13,7 +13,7 @@ import msgspec
 
 # The wire contract's release: bumped whenever a message changes incompatibly. Registrations carry it and the router
 # refuses a peer of another version loudly (a field it does not know would otherwise be silently misread).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 Role = Literal["prefill", "decode", "both"]
 Tier = Literal["device", "host", "disk"]
@@ -91,6 +91,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # Bytes of KV one token occupies on this engine (all layers, K and V); 0: unknown. The router prices a
     # prefilled prompt's move at num_tokens * this over the link.
     kv_bytes_per_token: int = 0
+    # Random per process start: a restarted worker keeps its worker_id but not this, so a frontend migrating
+    # away from a dead worker excludes that process, never its successor.
+    instance_id: str = ""
 
 
 # ------------------------------------------------------------------------------------------ worker <-> router
@@ -134,11 +137,14 @@ class RouteRequest(_Msg, frozen=True):
     token_ids: tuple[int, ...]
     # Workers the frontend wants avoided (e.g. one that just failed this request).
     exclude_worker_ids: tuple[str, ...] = ()
+    # Worker processes (WorkerInfo.instance_id) to avoid: the one a migrating request lost, not its restart.
+    exclude_instance_ids: tuple[str, ...] = ()
 
 
-class WorkerRef(msgspec.Struct, frozen=True):
+class WorkerRef(msgspec.Struct, frozen=True, omit_defaults=True):
     worker_id: str
     endpoint: str
+    instance_id: str = ""
 
 
 class Route(_Msg, frozen=True):
@@ -268,6 +274,9 @@ class KvEvents(_Msg, frozen=True):
     worker_id: str
     event_id: int
     events: tuple[KvEvent, ...]
+    # Random per publisher start (a process start): a new epoch means the source's earlier blocks are gone and
+    # numbering began again at 0; the router then needs a snapshot unless this is batch 0.
+    epoch: int = 0
 
 
 class KvSnapshotRequest(_Msg, frozen=True):
@@ -291,6 +300,8 @@ class KvSnapshot(_Msg, frozen=True):
     # The last batch reflected here (-1: none published yet); batches after it apply on top.
     event_id: int
     tier_blocks: tuple[StoredBlock, ...]
+    # The publisher's epoch (KvEvents.epoch) that event_id counts in.
+    epoch: int = 0
 
 
 # ------------------------------------------------------------------------------ kvtier <-> router, workers
