@@ -98,7 +98,7 @@ def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[
     """The kv policy's cost defaults: a profile's figures if given, then each flag set over them."""
     from dataclasses import replace
 
-    from services.planner.profile import load_timing
+    from common.profile import load_timing
     from services.router.cost import CostConfig
 
     base = CostConfig.from_timing(load_timing(profile)) if profile is not None else CostConfig()

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from common.protocol import (
+    PROTOCOL_VERSION,
     ErrorReply,
     Heartbeat,
     RegisterAck,
@@ -37,7 +38,8 @@ def _router(cost: CostConfig = COST) -> RouterService:
         info = WorkerInfo(worker_id=worker_id, role=role, model="m", block_size=16, num_blocks=1000,
                           endpoint=f"tcp://127.0.0.1:1{len(node)}", node=node, zone=zone,
                           kv_bytes_per_token=KV_BYTES)
-        assert isinstance(svc.handle(worker_id.encode(), RegisterWorker(request_id="r", info=info)), RegisterAck)
+        assert isinstance(svc.handle(worker_id.encode(), RegisterWorker(request_id="r", info=info,
+                                                                    protocol_version=PROTOCOL_VERSION)), RegisterAck)
     return svc
 
 

@@ -1,0 +1,113 @@
+"""Frontend <-> router (route a request, list workers) and frontend <-> worker (generate, stream tokens, abort,
+stats)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.protocol.base import FinishReason, Msg
+from common.protocol.workers import (
+    KvTransferParams,
+    SamplingParams,
+    TransferSample,
+    WorkerInfo,
+    WorkerLoad,
+)
+
+# ---------------------------------------------------------------------------------------- frontend <-> router
+
+
+class RouteRequest(Msg, frozen=True):
+    request_id: str
+    model: str
+    token_ids: tuple[int, ...]
+    # Workers the frontend wants avoided (e.g. one that just failed this request).
+    exclude_worker_ids: tuple[str, ...] = ()
+    # Worker processes (WorkerInfo.instance_id) to avoid: the one a migrating request lost, not its restart.
+    exclude_instance_ids: tuple[str, ...] = ()
+
+
+class WorkerRef(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    endpoint: str
+    instance_id: str = ""
+
+
+class Route(Msg, frozen=True):
+    request_id: str
+    decode: WorkerRef
+    # None: the decode worker prefills locally.
+    prefill: WorkerRef | None = None
+    num_cached_tokens_predicted: int = 0
+
+
+class ListWorkers(Msg, frozen=True):
+    request_id: str
+
+
+class WorkerList(Msg, frozen=True):
+    request_id: str
+    workers: tuple[WorkerInfo, ...]
+    loads: tuple[WorkerLoad, ...]
+    # Ids of listed workers that are draining: they finish what they hold and take nothing new.
+    draining: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------------------- frontend <-> worker
+
+
+class Generate(Msg, frozen=True):
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    # Prefill worker: compute the prompt, return the first token and where its KV lives.
+    prefill_only: bool = False
+    # Decode worker: pull the prompt's KV from here instead of computing it. token_ids then holds the
+    # prompt followed by the first token the prefill worker produced.
+    kv_transfer: KvTransferParams | None = None
+
+
+class Tokens(Msg, frozen=True):
+    """A streamed slice of output; the last one has finish_reason set."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    # Set on a prefill-only request's final message.
+    kv_transfer: KvTransferParams | None = None
+    # Set when the request pulled KV remotely and the pull failed so the worker recomputed.
+    transfer_failed: bool = False
+
+
+class Abort(Msg, frozen=True):
+    request_id: str
+
+
+class GetStats(Msg, frozen=True):
+    request_id: str
+
+
+class WorkerStats(Msg, frozen=True):
+    request_id: str
+    worker_id: str
+    load: WorkerLoad
+    num_prefix_hits: int = 0
+    num_transfers: int = 0
+    num_transfer_failures: int = 0
+    num_transfer_bytes: int = 0
+    # Seconds spent in those pulls, summed (decode side; vLLM: NIXL telemetry xferDuration). GB/s = bytes / this.
+    transfer_seconds_total: float = 0.0
+    # NIXL descriptors those pulls posted, summed, after NIXL merged adjacent blocks (vLLM: telemetry descCount);
+    # 0 where unknown (mock). Says which raw READ a transfer compares with: one per block, or one per region.
+    num_transfer_descriptors: int = 0
+    # The last pulls one by one, oldest first (at most services.worker.transfer_log.RECENT_TRANSFERS): sums hide
+    # whether a slow run was a few outliers or every pull.
+    recent_transfers: tuple[TransferSample, ...] = ()
+    # Prompt tokens by where their KV came from, cumulative (vLLM's scheduler accounting; 0 where unknown: mock):
+    # computed here, hit in this engine's prefix cache, pulled from elsewhere (NIXL from a prefill worker, kvtier).
+    # A decode worker that recomputes a prompt it should have pulled shows up here, not in the output.
+    num_prompt_tokens_computed: int = 0
+    num_prompt_tokens_cached: int = 0
+    num_prompt_tokens_pulled: int = 0

@@ -1,0 +1,123 @@
+"""Worker <-> router: what a worker is (WorkerInfo), registers, reports (Heartbeat, WorkerLoad); sampling and KV
+transfer parameters that travel with its requests."""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.protocol.base import PROTOCOL_VERSION, Msg, Role  # noqa: F401  (PROTOCOL_VERSION: re-exported)
+
+# --------------------------------------------------------------------------------------------- shared parts
+
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    # Token ids that end generation (the model's EOS ids and any the user asked for).
+    stop_token_ids: tuple[int, ...] = ()
+
+
+class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where a prefilled request's KV lives and how to pull it (vLLM NixlConnector's fields, typed).
+
+    A prefill worker returns these with its first token; the decode worker's engine pulls the blocks.
+    """
+
+    remote_engine_id: str
+    remote_block_ids: tuple[int, ...]
+    # The prefill engine's NIXL side channel as decode engines dial it (its advertised host, never a wildcard);
+    # "" from engines that move no bytes (mock).
+    remote_host: str = ""
+    remote_port: int = 0
+    tp_size: int = 1
+    # The prefill worker's id for the request, when the engine names it differently from ours.
+    remote_request_id: str = ""
+    # Bytes of KV behind remote_block_ids (for metrics and the mock engine's transfer time).
+    num_bytes: int = 0
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    # Blocks held by sequences that are decoding (the router's load term).
+    num_active_blocks: int = 0
+    # Prompt tokens queued for prefill (waiting requests, and the rest of chunked prefills); -1: the engine
+    # does not count them (the router then estimates from num_waiting).
+    num_waiting_tokens: int = -1
+    # Prefill throughput the engine measured lately, tokens/s; 0: not measured (the router uses its default).
+    prefill_tokens_per_s: float = 0.0
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    role: Role
+    model: str
+    block_size: int
+    num_blocks: int
+    # ZeroMQ endpoint of the worker's ROUTER socket for generate requests.
+    endpoint: str
+    engine: str = "mock"
+    # Seed mixed into block hashes (docs/architecture.md#contracts); workers of one model must agree.
+    hash_seed: int = 0
+    max_model_len: int = 0
+    # The engine publishes KV events; without them the router indexes its own decisions (approximate mode).
+    kv_events: bool = False
+    # Where the worker runs: a machine name (default its hostname) and an optional failure/network zone. The
+    # router prices KV moves between nodes by the link between them (same node: shared memory, no wire).
+    node: str = ""
+    zone: str = ""
+    # Bytes of KV one token occupies on this engine (all layers, K and V); 0: unknown. The router prices a
+    # prefilled prompt's move at num_tokens * this over the link.
+    kv_bytes_per_token: int = 0
+    # Random per process start: a restarted worker keeps its worker_id but not this, so a frontend migrating
+    # away from a dead worker excludes that process, never its successor.
+    instance_id: str = ""
+
+
+class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One finished KV pull, as the decode engine timed it (vLLM: the NIXL telemetry of one READ)."""
+
+    seq: int  # 1-based: this was the worker's seq-th pull (compare with WorkerStats.num_transfers)
+    seconds: float  # post to completion
+    num_bytes: int
+    num_descriptors: int = 0  # after NIXL merged adjacent blocks; 0 where unknown (mock)
+    post_seconds: float = 0.0  # inside the post call (NIXL on CPU copies there); 0 where unknown
+    # Worker the KV was pulled from (KvTransferParams.remote_engine_id = the prefill worker's id); "" unknown.
+    src_worker_id: str = ""
+
+
+# ------------------------------------------------------------------------------------------ worker <-> router
+
+
+class RegisterWorker(Msg, frozen=True):
+    request_id: str
+    info: WorkerInfo
+    # PROTOCOL_VERSION of the sender; 0 = a release from before versions were sent.
+    protocol_version: int = 0
+
+
+class RegisterAck(Msg, frozen=True):
+    request_id: str
+    worker_id: str
+    # Where the worker's PUB socket connects to publish KvEvents ("" = the router takes no events).
+    events_endpoint: str = ""
+
+
+class Heartbeat(Msg, frozen=True):
+    worker_id: str
+    load: WorkerLoad
+    # Heartbeats are numbered so the router can tell a restarted worker from a late packet.
+    seq: int = 0
+    # The worker is draining (SIGTERM or a scale-down): route nothing new to it; it exits once idle.
+    draining: bool = False
+    # KV pulls finished since the previous heartbeat, oldest first (the router learns link bandwidths from them).
+    transfers: tuple[TransferSample, ...] = ()
+
+
+class Unregister(Msg, frozen=True):
+    worker_id: str
