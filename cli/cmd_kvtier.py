@@ -29,7 +29,7 @@ def kvtier(
     node: Optional[str] = Node,
     zone: str = Zone,
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
-                                        help="Router to register with and publish KV events to (\"\": standalone)"),
+                                        help="Router(s) to register with and publish KV events to, comma-separated (\"\": standalone)"),
     tier_id: Optional[str] = typer.Option(None, help="Source id of this tier in the router's index, unique in the "
                                           "cluster (default: kvtier-NODE)"),
     host_cache_gb: float = typer.Option(1.0, help="Host-memory pool, GiB"),

@@ -30,7 +30,8 @@ from cli.runner import run_service
 def worker(
     model: Path = typer.Option(..., help="HF model directory"),
     role: str = typer.Option("both", help="prefill | decode | both"),
-    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
+                                        help="Router endpoint, or replicas comma-separated (registers with each)"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
     advertise_endpoint: Optional[str] = typer.Option(
         None, "--advertise", help="What frontends on other hosts dial, registered with the router: an endpoint "

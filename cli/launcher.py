@@ -52,9 +52,12 @@ def launch(spec: GraphSpec) -> int:
 
         log.info("making_tiny_model", path=str(model))
         make_tiny_model(model)
-    router = f"tcp://127.0.0.1:{spec.router_port or free_port()}"
+    # Router replicas: everyone else gets the comma-separated list (workers and kvtier feed each, frontends use any).
+    router_endpoints = [f"tcp://127.0.0.1:{spec.router_port or free_port()}"]
+    router_endpoints += [f"tcp://127.0.0.1:{free_port()}" for _ in range(spec.num_routers - 1)]
+    router = ",".join(router_endpoints)
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
-    commands = [router_command(spec, router)]
+    commands = [router_command(spec, endpoint, i) for i, endpoint in enumerate(router_endpoints)]
     # One kvtier for every engine (vLLM workers reach it through our KV connector).
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:
@@ -65,7 +68,7 @@ def launch(spec: GraphSpec) -> int:
                      "--port", str(spec.port)])
     planner_events = f"tcp://127.0.0.1:{free_port()}" if spec.planner is not None else ""
     if planner_events:
-        commands.append(planner_command(spec, router, planner_events))
+        commands.append(planner_command(spec, router_endpoints[0], planner_events))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     control_cores = (control_plane_cores(worker_roles(spec), os.cpu_count() or 1)
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())

@@ -1,0 +1,101 @@
+"""No single point of failure on a real mock graph: a killed router replica, and a killed only decode worker,
+cost no request."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from tests.e2e.test_openai_api import MODEL
+from tests.graph import Graph, child_pid, start_graph
+
+
+def _client(graph: Graph) -> openai.OpenAI:
+    # Longer than the frontend's migration wait: a request waiting for a restarted worker is not a failure.
+    return openai.OpenAI(base_url=graph.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _load(graph: Graph, num_requests: int, concurrency: int, max_tokens: int, kill_after: int,
+          kill: callable) -> tuple[list[str], list[int]]:
+    """Stream ``num_requests`` completions, ``concurrency`` at a time; call ``kill`` once ``kill_after`` have
+    finished. Returns the failures (as text) and each finished request's completion token count."""
+    failures: list[str] = []
+    lengths: list[int] = []
+    finished = threading.Semaphore(0)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        prompt = [100 + (i * 7 + j) % 900 for j in range(96)]
+        try:
+            num_tokens = 0
+            for chunk in _client(graph).completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens,
+                                                           seed=i, stream=True, extra_body={"ignore_eos": True}):
+                if chunk.choices and chunk.choices[0].text:
+                    num_tokens += 1
+            with lock:
+                lengths.append(num_tokens)
+        except Exception as exc:  # every failure is the finding: collect, do not stop the load
+            with lock:
+                failures.append(repr(exc))
+        finished.release()
+
+    def killer() -> None:
+        for _ in range(kill_after):
+            finished.acquire()
+        kill()
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(num_requests)))
+    thread.join()
+    return failures, lengths
+
+
+@pytest.fixture()
+def two_routers(tmp_path) -> Graph:
+    graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "2", "--mock-speedup", "10",
+                        "--num-blocks", "512", "--no-kvtier", "--routers", "2")
+    yield graph
+    graph.stop()
+
+
+def test_killed_router_replica_under_load_fails_no_request(two_routers: Graph) -> None:
+    # The frontend prefers the first router (graph.router): kill that one while 8 streams are in flight.
+    router_port = two_routers.router.rsplit(":", 1)[1]
+    pid = child_pid(two_routers, f"router --endpoint tcp://127.0.0.1:{router_port}")
+    failures, lengths = _load(two_routers, num_requests=200, concurrency=8, max_tokens=12, kill_after=40,
+                              kill=lambda: os.kill(pid, signal.SIGKILL))
+    assert failures == []
+    assert len(lengths) == 200 and set(lengths) == {12}
+    assert "router_silent" in two_routers.logs()  # the frontend did move away from the killed router
+
+
+@pytest.fixture()
+def pd_one_decode(tmp_path) -> Graph:
+    graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "10",
+                        "--num-blocks", "512", "--no-kvtier")
+    yield graph
+    graph.stop()
+
+
+def test_killed_only_decode_worker_in_flight_requests_finish(pd_one_decode: Graph) -> None:
+    """The restarted decode worker has the same worker id; the migrating requests wait for it (bounded by the
+    frontend's --migration-wait-s) instead of failing, and are not kept off it by the id they lost."""
+    failures, lengths = _load(pd_one_decode, num_requests=16, concurrency=16, max_tokens=300, kill_after=0,
+                              kill=lambda: _kill_when_streaming(pd_one_decode))
+    assert failures == []
+    assert lengths == [300] * 16
+    assert "request_migrating" in pd_one_decode.logs()
+
+
+def _kill_when_streaming(graph: Graph) -> None:
+    from tests.graph import wait_until, worker_stats
+
+    assert wait_until(lambda: worker_stats(graph.router)["decode-1"].load.num_running >= 8, timeout_s=20)
+    os.kill(child_pid(graph, "--worker-id decode-1"), signal.SIGKILL)
