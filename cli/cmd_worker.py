@@ -114,7 +114,8 @@ def worker(
             max_model_len=min(info.max_position_embeddings, (num_blocks or 2048) * block_size),
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
-            hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
+            hash_seed=hash_seed(name), timing=timing, engine_id=wid,
+            tier=_tier_client(kvtier, wid, transport(curve_dir).curve),
             tier_write_through=bool(kvtier_write_through)))
     elif engine == "vllm":
         from services.worker.engines.vllm.engine import (
@@ -152,9 +153,9 @@ def worker(
     run_service(service.run, on_term=service.drain)
 
 
-def _tier_client(endpoint: str, worker_id: str):
+def _tier_client(endpoint: str, worker_id: str, curve=None):
     if not endpoint:
         return None
     from common.kvtier.client import TierClient, TierClientConfig
 
-    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id))
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve))

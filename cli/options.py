@@ -17,7 +17,7 @@ DEFAULT_ROUTER = ROUTER_ENDPOINT
 LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
-                        help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
+                        help="This service's CURVE keys: OUT/<service> of `splitserve keys make OUT`")
 
 
 T = TypeVar("T")

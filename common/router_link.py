@@ -51,7 +51,7 @@ class EventsSocket:
             sock = self._sock = self._ctx.socket(zmq.PUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self._config.hwm)
-            secure_client(sock, self._config.curve)
+            secure_client(sock, self._config.toward("router").curve)
         old = self._endpoint_of.pop(router, None)
         if old is not None and old not in self._endpoint_of.values():
             try:
@@ -98,7 +98,7 @@ class RouterLink:
         self._make_snapshot = make_snapshot
         self._on_events_endpoint = on_events_endpoint
         self._register_timeout_s = register_timeout_s
-        self.client = Client(ctx, endpoint, config, on_unsolicited=self._on_message)
+        self.client = Client(ctx, endpoint, config.toward("router"), on_unsolicited=self._on_message)
         self._must_register = asyncio.Event()
         self.registered = asyncio.Event()
 

@@ -15,7 +15,7 @@ import asyncio
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -53,6 +53,13 @@ class TransportConfig:
     hwm: int = 100_000
     # CURVE keys for sockets that cross hosts; None = plain TCP (the loopback default).
     curve: CurveKeys | None = None
+
+    def toward(self, server: str) -> TransportConfig:
+        """This config for a client socket dialing a ``server`` kind (router, worker, kvtier): CURVE then
+        checks that server's public key."""
+        if self.curve is None:
+            return self
+        return replace(self, curve=self.curve.toward(server))
 
     @property
     def hard_max_message_bytes(self) -> int:
@@ -288,9 +295,12 @@ class Client:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = fut
         try:
-            await self.send(msg)
-            return await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError as exc:
+            # The send is inside the deadline too: with no peer to hand it to (a server that refused our
+            # CURVE handshake, a full queue to a stalled one) a DEALER's send waits forever.
+            async with asyncio.timeout(timeout_s):
+                await self.send(msg)
+                return await fut
+        except TimeoutError as exc:
             raise TransportTimeout(f"no reply from {self.endpoint} within {timeout_s}s") from exc
         finally:
             self._waiters.pop(request_id, None)

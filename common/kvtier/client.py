@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import TierBlocks, TierLookup, TierStore, TierStored
+from common.security import CurveKeys
 from common.transport import Client, TransportConfig, new_id
 from common.kvtier.transfer import InlineTransfer, block_ok
 
@@ -65,6 +66,8 @@ class TierClientConfig:
     max_message_bytes: int = 12 * 1024 * 1024
     # Messages ZeroMQ may queue toward kvtier; small, so a dead kvtier cannot pile up memory.
     hwm: int = 8
+    # This worker's CURVE keys (common/security.py); None: plain TCP.
+    curve: CurveKeys | None = None
 
 
 def next_page(block_hashes: Sequence[int], num_done: int, deadline: float, what: str) -> tuple[tuple[int, ...], float]:
@@ -149,7 +152,8 @@ class TierClient:
                 pass
         await self._reset()
         if self._ctx is not None:
-            self._ctx.term()
+            # destroy, not term: a socket a failed lookup's reset task has not closed yet must not hang us.
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
     # ---------------------------------------------------------------------------------------- internals
@@ -186,7 +190,8 @@ class TierClient:
         if self._client is None:
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
-            self._client = Client(self._ctx, self.config.endpoint, TransportConfig(hwm=self.config.hwm))
+            transport = TransportConfig(hwm=self.config.hwm, curve=self.config.curve).toward("kvtier")
+            self._client = Client(self._ctx, self.config.endpoint, transport)
         # The outer wait_for also bounds a send blocked on a full queue. It raises the builtin TimeoutError (also
         # when both deadlines expire in one turn of a busy loop): named like the inner timeout, so every caller's
         # "kvtier failed -> recompute" path sees it.

@@ -90,7 +90,7 @@ class Pipeline:
     def _client(self, endpoint: str) -> Client:
         client = self._workers.get(endpoint)
         if client is None:
-            client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport)
+            client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport.toward("worker"))
             client.start()
         return client
 

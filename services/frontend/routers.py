@@ -34,7 +34,7 @@ class RouterSet:
     def __init__(self, ctx: zmq.asyncio.Context, routers: str, config: TransportConfig,
                  failover_s: float = 0.5, down_s: float = 2.0) -> None:
         self.endpoints = split_endpoints(routers)
-        self._clients = [Client(ctx, endpoint, config) for endpoint in self.endpoints]
+        self._clients = [Client(ctx, endpoint, config.toward("router")) for endpoint in self.endpoints]
         self._failover_s = failover_s
         self._down_s = down_s
         self._down_until_s = [0.0] * len(self._clients)

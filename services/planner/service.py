@@ -100,7 +100,7 @@ class PlannerService:
         secure = open_context(self.config.transport)
         pub = secure.ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        router = Client(secure.ctx, self.config.router_endpoint, self.config.transport)
+        router = Client(secure.ctx, self.config.router_endpoint, self.config.transport.toward("router"))
         decisions = self.config.decisions_path.open("a") if self.config.decisions_path else None
         try:
             pub.bind(self.config.events_endpoint)
