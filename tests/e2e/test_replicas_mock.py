@@ -107,3 +107,46 @@ def _kill_when_streaming(graph: Graph) -> None:
 
     assert wait_until(lambda: worker_stats(graph.router)["decode-1"].load.num_running >= 8, timeout_s=20)
     os.kill(child_pid(graph, "--worker-id decode-1"), signal.SIGKILL)
+
+
+@pytest.fixture()
+def kv3(tmp_path) -> Graph:
+    graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "3", "--mock-speedup", "10",
+                        "--num-blocks", "512", "--no-kvtier", "--router-policy", "kv")
+    yield graph
+    graph.stop()
+
+
+def _reuse(graph: Graph, prefixes: list[list[int]], num_requests: int, salt: int) -> float:
+    """Cached prompt tokens / prompt tokens over ``num_requests`` shared-prefix requests, 4 at a time."""
+    def one(i: int) -> tuple[int, int]:
+        prompt = prefixes[i % len(prefixes)] + [10 + salt, 20 + i % 97, 30 + i // 97]
+        usage = _client(graph).completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage
+        return usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(num_requests)))
+    return sum(c for c, _ in results) / sum(p for _, p in results)
+
+
+def test_restarted_router_rebuilds_its_index_reuse_holds(kv3: Graph) -> None:
+    """Scaled down from "reuse over the next 30 s within 5% of before": the restarted router asks every worker
+    for a snapshot as it re-registers (crediting nothing until then) and routes prefixes where they live again."""
+    from tests.graph import wait_until, worker_stats
+
+    prefixes = [[1000 + 500 * p + i for i in range(320)] for p in range(6)]  # 10 full blocks each
+    _reuse(kv3, prefixes, 6, salt=0)  # each prefix computed once somewhere
+    before = _reuse(kv3, prefixes, 36, salt=1)
+    assert before > 0.8
+    os.kill(child_pid(kv3, "cli.main router"), signal.SIGKILL)
+    assert wait_until(lambda: _listed(kv3, worker_stats) == 3, timeout_s=20)
+    after = _reuse(kv3, prefixes, 36, salt=2)
+    assert after >= before - 0.05, (before, after)
+    assert kv3.logs().count("kv_snapshot_loaded") >= 6  # 3 workers, each at start and after the restart
+
+
+def _listed(graph: Graph, worker_stats) -> int:
+    try:
+        return len(worker_stats(graph.router))
+    except Exception:  # the router is still restarting
+        return 0
