@@ -68,7 +68,7 @@ def launch(spec: GraphSpec) -> int:
                      "--port", str(spec.port)])
     planner_events = f"tcp://127.0.0.1:{free_port()}" if spec.planner is not None else ""
     if planner_events:
-        commands.append(planner_command(spec, router_endpoints[0], planner_events))
+        commands.append(planner_command(spec, router, planner_events))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     control_cores = (control_plane_cores(worker_roles(spec), os.cpu_count() or 1)
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())

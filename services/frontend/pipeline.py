@@ -32,7 +32,7 @@ from common.protocol import (
 )
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.metrics import FrontendMetrics
-from services.frontend.routers import RouterSet
+from common.router_set import RouterSet
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The frontend's routers: any live replica of a ``--router`` list answers; a silent one is skipped for a while.
+"""A client of the routers (frontend, planner): any live replica of a ``--router`` list answers; a silent one is skipped for a while.
 
 Every router replica is fed by every worker and kvtier, so any of them can route. A request goes to the router
 that answered last; a router silent for ``failover_s`` is marked down for ``down_s`` and the request is sent to

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.frontend.routers import pick_router
+from common.router_set import pick_router
 
 
 @pytest.mark.parametrize(
