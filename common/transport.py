@@ -295,12 +295,18 @@ class Client:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = fut
         try:
-            # The send is inside the deadline too: with no peer to hand it to (a server that refused our
-            # CURVE handshake, a full queue to a stalled one) a DEALER's send waits forever.
-            async with asyncio.timeout(timeout_s):
-                await self.send(msg)
-                return await fut
-        except TimeoutError as exc:
+            data = encode_capped(msg, self._max_bytes)
+            sent = self._sock.send(data, copy=True, flags=zmq.NOBLOCK)
+            if sent.done() and isinstance(sent.exception(), zmq.Again):
+                # No peer to hand it to (a server that refused our CURVE handshake, a full queue to a stalled
+                # one): a DEALER's send would wait forever, so it waits under the deadline too.
+                await asyncio.wait_for(self._sock.send(data, copy=True), timeout_s)
+            elif sent.done() and sent.exception() is not None:
+                raise sent.exception()  # type: ignore[misc]
+            elif not sent.done():
+                sent.add_done_callback(_log_send_failure)
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError as exc:
             raise TransportTimeout(f"no reply from {self.endpoint} within {timeout_s}s") from exc
         finally:
             self._waiters.pop(request_id, None)
