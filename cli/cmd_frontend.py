@@ -48,7 +48,7 @@ def frontend(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
                                 migration_wait_s=migration_wait_s,
-                                transport=transport(curve_dir)),
+                                transport=transport(curve_dir, "frontend")),
         http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024)),
         api_key=api_key, max_inflight_requests=max_inflight)
     run_service(FrontendService(config).run)

@@ -69,7 +69,7 @@ def kvtier(
                           router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
                           disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
                           disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port,
-                          metrics_host=metrics_host, node=node, zone=zone, transport=transport(curve_dir))
+                          metrics_host=metrics_host, node=node, zone=zone, transport=transport(curve_dir, "kvtier"))
     try:
         run_service(KvTierService(config).run)
     finally:

@@ -115,7 +115,7 @@ def worker(
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid,
-            tier=_tier_client(kvtier, wid, transport(curve_dir).curve),
+            tier=_tier_client(kvtier, wid, transport(curve_dir, "worker").curve),
             tier_write_through=bool(kvtier_write_through)))
     elif engine == "vllm":
         from services.worker.engines.vllm.engine import (
@@ -147,7 +147,7 @@ def worker(
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
                                          node=node, zone=zone,
-                                         transport=transport(curve_dir), metrics_port=metrics_port,
+                                         transport=transport(curve_dir, "worker"), metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
     run_service(service.run, on_term=service.drain)

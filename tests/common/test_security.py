@@ -157,3 +157,12 @@ async def test_kvtier_socket_refuses_unlisted_keys(keys) -> None:
         wrong_kind = TransportConfig(curve=replace(frontend, server_keys=keys["worker"].curve.server_keys))
         await _refused_then_served(tier.endpoint, "kvtier", lambda: GetStats(request_id=new_id("t")), TierStats,
                                    keys | {"outsider": wrong_kind}, "worker")
+
+
+def test_curve_dir_root_or_own_directory(tmp_path: Path) -> None:
+    from cli.options import transport
+
+    root = make_curve_keys(tmp_path / "k")
+    assert transport(root, "worker").curve.service == "worker"  # the root: each service takes its own
+    assert transport(root / "kvtier", "kvtier").curve.service == "kvtier"
+    assert transport(None, "router").curve is None
