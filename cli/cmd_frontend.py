@@ -22,7 +22,8 @@ from cli.runner import run_service
 def frontend(
     model: Path = typer.Option(..., help="HF model directory (tokenizer, chat template)"),
     served_model_name: str | None = typer.Option(None),
-    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
+                                        help="Router endpoint, or several replicas comma-separated (any live one answers)"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     max_body_mib: float = typer.Option(8.0, help="Largest request body accepted"),
@@ -33,6 +34,8 @@ def frontend(
     max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which new ones get 503"),
     reuse_port: bool = typer.Option(True, help="SO_REUSEPORT: several frontend processes may share the port"),
     migration_limit: int = typer.Option(3, help="Times a request may move after losing its worker"),
+    migration_wait_s: float = typer.Option(30.0, help="Seconds a request that lost its worker waits for a capable "
+                                           "one (restarted or new) before it fails"),
     api_key: str = typer.Option("", envvar="SPLITSERVE_API_KEY",
                                 help="Require this Bearer key on every path but --open-paths"),
     open_paths: str = typer.Option("/health,/metrics,/dashboard", help="Paths served without the API key"),
@@ -56,7 +59,8 @@ def frontend(
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
-                                transport=transport(curve_dir)),
+                                migration_wait_s=migration_wait_s,
+                                transport=transport(curve_dir, "frontend")),
         http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024),
                         max_header_bytes=int(max_header_kib * 1024), header_timeout_s=header_timeout_s,
                         body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,

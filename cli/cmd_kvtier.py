@@ -10,6 +10,7 @@ import typer
 from cli.logs import configure_logging
 from cli.options import (
     DEFAULT_ROUTER,
+    CurveDir,
     LogJson,
     LogLevel,
     MetricsHost,
@@ -17,6 +18,7 @@ from cli.options import (
     Zone,
     address_checked,
     default_node,
+    transport,
 )
 from cli.runner import run_service
 
@@ -29,7 +31,7 @@ def kvtier(
     node: Optional[str] = Node,
     zone: str = Zone,
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
-                                        help="Router to register with and publish KV events to (\"\": standalone)"),
+                                        help="Router(s) to register with and publish KV events to, comma-separated (\"\": standalone)"),
     tier_id: Optional[str] = typer.Option(None, help="Source id of this tier in the router's index, unique in the "
                                           "cluster (default: kvtier-NODE)"),
     host_cache_gb: float = typer.Option(1.0, help="Host-memory pool, GiB"),
@@ -42,6 +44,7 @@ def kvtier(
     disk_nixl: bool = typer.Option(True, help="Disk I/O through NIXL's POSIX backend (else pread/pwrite)"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
     metrics_host: str = MetricsHost,
+    curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -66,7 +69,7 @@ def kvtier(
                           router_endpoint=router_endpoint, host_bytes=int(host_cache_gb * GIB),
                           disk_bytes=int(disk_cache_gb * GIB), disk_dir=disk_dir, block_bytes=block_bytes,
                           disk_min_hits=disk_min_hits, nixl=nixl, disk_nixl=disk_nixl, metrics_port=metrics_port,
-                          metrics_host=metrics_host, node=node, zone=zone)
+                          metrics_host=metrics_host, node=node, zone=zone, transport=transport(curve_dir, "kvtier"))
     try:
         run_service(KvTierService(config).run)
     finally:

@@ -65,7 +65,7 @@ def planner_cmd(
                            max_decode=max_decode, max_workers=max_workers, down_after_intervals=down_after_intervals)
     config = PlannerServiceConfig(router_endpoint=router_endpoint, metrics_urls=tuple(metrics_url), policy=policy,
                                   events_endpoint=events, interval_s=interval_s, window_s=window_s, timing=timing,
-                                  decisions_path=decisions, transport=transport(curve_dir),
+                                  decisions_path=decisions, transport=transport(curve_dir, "planner"),
                                   **({"plan_options": options} if options is not None else {}))
     if scaler == "none":
         run_service(PlannerService(config).run)

@@ -85,7 +85,7 @@ def router(
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_bind, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,
                           metrics_host=metrics_host,
-                          transport=transport(curve_dir),
+                          transport=transport(curve_dir, "router"),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
                                               cost=cost,
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),

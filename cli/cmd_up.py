@@ -65,6 +65,8 @@ def up(
         rich_help_panel=POOLS),
     # Routing
     router_policy: str = typer.Option("kv", rich_help_panel=ROUTING),
+    routers: int = typer.Option(1, min=1, help="Router replicas (each fed by every worker; frontends use any live one)",
+                                rich_help_panel=ROUTING),
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, rich_help_panel=ROUTING),
     router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)",
                                                           rich_help_panel=ROUTING),
@@ -131,7 +133,7 @@ def up(
                      mock_speedup=mock_speedup, mock_profile=mock_profile, kvtier=not no_kvtier,
                      host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port,
-                     router_port=router_port, router_metrics_port=router_metrics_port,
+                     router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,

@@ -30,7 +30,8 @@ from cli.runner import run_service
 def worker(
     model: Path = typer.Option(..., help="HF model directory"),
     role: str = typer.Option("both", help="prefill | decode | both"),
-    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER"),
+    router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
+                                        help="Router endpoint, or replicas comma-separated (registers with each)"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
     advertise_endpoint: Optional[str] = typer.Option(
         None, "--advertise", help="What frontends on other hosts dial, registered with the router: an endpoint "
@@ -113,7 +114,8 @@ def worker(
             max_model_len=min(info.max_position_embeddings, (num_blocks or 2048) * block_size),
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
-            hash_seed=hash_seed(name), timing=timing, engine_id=wid, tier=_tier_client(kvtier, wid),
+            hash_seed=hash_seed(name), timing=timing, engine_id=wid,
+            tier=_tier_client(kvtier, wid, transport(curve_dir, "worker").curve),
             tier_write_through=bool(kvtier_write_through)))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
@@ -142,15 +144,15 @@ def worker(
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
                                          node=node, zone=zone,
-                                         transport=transport(curve_dir), metrics_port=metrics_port,
+                                         transport=transport(curve_dir, "worker"), metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
     run_service(service.run, on_term=service.drain)
 
 
-def _tier_client(endpoint: str, worker_id: str):
+def _tier_client(endpoint: str, worker_id: str, curve=None):
     if not endpoint:
         return None
     from common.kvtier.client import TierClient, TierClientConfig
 
-    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id))
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve))

@@ -39,6 +39,7 @@ class GraphSpec:
     num_decode: int = 1
     num_aggregated: int = 0
     router_policy: str = "kv"
+    num_routers: int = 1  # replicas; each worker and kvtier registers with every one
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     block_size: int = 32
     num_blocks: int | None = None
@@ -141,10 +142,12 @@ def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
     return frozenset(prefill - latency_bound)
 
 
-def router_command(spec: GraphSpec, endpoint: str) -> list[str]:
+def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
+    """Router replica ``index`` (``--router-metrics-port`` is the first one's; the others take free ports)."""
+    metrics_port = spec.router_metrics_port if index == 0 else 0
     cmd = ["router", "--endpoint", endpoint, "--policy", spec.router_policy,
            "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens),
-           "--metrics-port", str(spec.router_metrics_port or free_port())]
+           "--metrics-port", str(metrics_port or free_port())]
     if spec.router_prefill_weight is not None:
         cmd += ["--prefill-weight", str(spec.router_prefill_weight)]
     if spec.router_busy_threshold is not None:

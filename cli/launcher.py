@@ -53,9 +53,12 @@ def launch(spec: GraphSpec) -> int:
 
         log.info("making_tiny_model", path=str(model))
         make_tiny_model(model)
-    router = f"tcp://127.0.0.1:{spec.router_port or free_port()}"
+    # Router replicas: everyone else gets the comma-separated list (workers and kvtier feed each, frontends use any).
+    router_endpoints = [f"tcp://127.0.0.1:{spec.router_port or free_port()}"]
+    router_endpoints += [f"tcp://127.0.0.1:{free_port()}" for _ in range(spec.num_routers - 1)]
+    router = ",".join(router_endpoints)
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
-    commands = [router_command(spec, router)]
+    commands = [router_command(spec, endpoint, i) for i, endpoint in enumerate(router_endpoints)]
     # One kvtier for every engine (vLLM workers reach it through our KV connector).
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:

@@ -17,7 +17,7 @@ DEFAULT_ROUTER = ROUTER_ENDPOINT
 LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
-                        help="CURVE keys (from `splitserve keys make`) for sockets that cross hosts")
+                        help="CURVE keys: OUT of `splitserve keys make OUT` (this service uses OUT/<service>), or that directory")
 
 
 T = TypeVar("T")
@@ -49,11 +49,21 @@ def address_checked(check: Callable[..., T], *args: object) -> T:
         raise typer.Exit(2) from exc
 
 
-def transport(curve_dir: Optional[Path]):
+def transport(curve_dir: Optional[Path], service: str):
+    """The service's transport; ``curve_dir`` is its own key directory, or the root `keys make` wrote (its
+    ``<service>/`` is used: one SPLITSERVE_CURVE_DIR for every service on a host)."""
+    from common.errors import SplitserveError
     from common.security import load_curve_keys
     from common.transport import TransportConfig
 
-    return TransportConfig(curve=load_curve_keys(curve_dir) if curve_dir else None)
+    if not curve_dir:
+        return TransportConfig()
+    own = curve_dir / service if (curve_dir / service).is_dir() else curve_dir
+    try:
+        return TransportConfig(curve=load_curve_keys(own))
+    except SplitserveError as exc:
+        typer.echo(f"error: --curve-dir: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def validated(model: Path, need_weights: bool = True):

@@ -1,13 +1,22 @@
-"""ZeroMQ CURVE for sockets that cross hosts: keys from files, and a ZAP check of who may connect.
+"""ZeroMQ CURVE on every socket: a keypair per service, and a ZAP check of who may connect.
 
-A cluster has one server keypair (every bound socket: router, workers, kvtier) and one or more client keypairs
-(every connecting socket). Servers accept only client public keys found in ``<dir>/clients/``; a peer without
-them never completes the handshake. Loopback deployments run without CURVE (the default).
+``splitserve keys make OUT`` writes one directory per service (``OUT/router``, ``OUT/worker``, ``OUT/kvtier``,
+``OUT/frontend``, ``OUT/planner``), each given to that service's ``--curve-dir``:
+
+- ``<service>.key`` / ``<service>.key_secret``: its own keypair (the secret file 0600; a secret readable by
+  others is refused at load);
+- ``servers/<kind>.key``: the public keys of the servers it dials (a client must know whom it talks to);
+- ``clients/<kind>.key``: the public keys allowed to connect to it. pyzmq's ZAP authenticator (``zmq.auth``)
+  checks every handshake against them; a peer whose key is not there never completes it.
+
+Loopback deployments run without CURVE (the default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zmq
@@ -17,52 +26,102 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 
 from common.errors import SplitserveError
 
+# Who dials whom: each service's servers, and (the reverse) which services each server accepts.
+DIALS: dict[str, tuple[str, ...]] = {
+    "router": (),
+    "worker": ("router", "kvtier"),
+    "kvtier": ("router",),
+    "frontend": ("router", "worker"),
+    "planner": ("router",),
+}
+SERVICES = tuple(DIALS)
+
+
+def accepted_clients(server: str) -> tuple[str, ...]:
+    return tuple(s for s, dialed in DIALS.items() if server in dialed)
+
 
 @dataclass(frozen=True, slots=True)
 class CurveKeys:
-    server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
-    # Directory of *.key files holding the client public keys servers accept.
+    service: str
+    public: bytes
+    secret: bytes
+    # Public keys of the servers this service dials, by kind (router, worker, kvtier).
+    server_keys: dict[str, bytes]
+    # Directory of *.key files holding the client public keys this service's servers accept.
     allowed_clients_dir: Path
+    # The server a client socket is about to dial (``toward``); empty on a service's own key set.
+    server_public: bytes = b""
+
+    def toward(self, server: str) -> CurveKeys:
+        """These keys set up to dial a ``server`` (its public key from ``servers/``)."""
+        try:
+            return replace(self, server_public=self.server_keys[server])
+        except KeyError as exc:
+            raise SplitserveError(f"{self.service} has no public key of {server} (servers/{server}.key): "
+                                  "make the keys with `splitserve keys make`") from exc
 
 
-def make_curve_keys(out_dir: Path) -> Path:
-    """Write a server keypair and one client keypair (clients/client.key) under ``out_dir``."""
-    (out_dir / "clients").mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(out_dir, "server")
-    public, secret = zmq.auth.create_certificates(out_dir, "client")
-    Path(public).rename(out_dir / "clients" / "client.key")
+def make_curve_keys(out_dir: Path, services: tuple[str, ...] = SERVICES) -> Path:
+    """Write a keypair per service and each one's servers/ and clients/ public keys under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = out_dir / ".public"
+    staging.mkdir(exist_ok=True)
+    for service in services:
+        own = out_dir / service
+        own.mkdir(exist_ok=True)
+        public, secret = zmq.auth.create_certificates(own, service)
+        os.chmod(secret, 0o600)
+        (staging / f"{service}.key").write_bytes(Path(public).read_bytes())
+    for service in services:
+        for kind, names in (("servers", DIALS[service]), ("clients", accepted_clients(service))):
+            (out_dir / service / kind).mkdir(exist_ok=True)
+            for name in names:
+                if name in services:
+                    (out_dir / service / kind / f"{name}.key").write_bytes((staging / f"{name}.key").read_bytes())
+    for path in staging.iterdir():
+        path.unlink()
+    staging.rmdir()
     return out_dir
 
 
 def load_curve_keys(keys_dir: Path) -> CurveKeys:
+    """A service's keys from its directory (``OUT/<service>`` of ``keys make``)."""
+    secrets = sorted(keys_dir.glob("*.key_secret"))
+    if len(secrets) != 1:
+        raise SplitserveError(f"{keys_dir} must hold exactly one *.key_secret (this service's), found {len(secrets)}")
+    secret_path = secrets[0]
+    if secret_path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SplitserveError(f"{secret_path} is readable by others: chmod 600 it")
     try:
-        server_public, server_secret = zmq.auth.load_certificate(keys_dir / "server.key_secret")
-        client_public, client_secret = zmq.auth.load_certificate(keys_dir / "client.key_secret")
+        public, secret = zmq.auth.load_certificate(secret_path)
+        server_keys = {p.stem: zmq.auth.load_certificate(p)[0] for p in sorted((keys_dir / "servers").glob("*.key"))}
     except (OSError, ValueError) as exc:
         raise SplitserveError(f"CURVE keys in {keys_dir} are missing or broken: {exc}") from exc
-    assert server_secret is not None and client_secret is not None
-    return CurveKeys(server_public, server_secret, client_public, client_secret, keys_dir / "clients")
+    assert secret is not None
+    clients = keys_dir / "clients"
+    clients.mkdir(exist_ok=True)
+    return CurveKeys(secret_path.name.removesuffix(".key_secret"), public, secret, server_keys, clients)
 
 
 def secure_server(sock: zmq.Socket, keys: CurveKeys | None) -> None:
-    """Make a socket that binds a CURVE server (call before bind)."""
+    """Make a socket that binds a CURVE server with this service's keypair (call before bind)."""
     if keys is None:
         return
     sock.curve_server = True
-    sock.curve_secretkey = keys.server_secret
-    sock.curve_publickey = keys.server_public
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
 
 
 def secure_client(sock: zmq.Socket, keys: CurveKeys | None) -> None:
-    """Make a socket that connects a CURVE client of the cluster's servers (call before connect)."""
+    """Make a socket that connects as a CURVE client to the server ``keys`` is set ``toward`` (before connect)."""
     if keys is None:
         return
+    if not keys.server_public:
+        raise SplitserveError(f"{keys.service}: a client socket needs keys.toward(<server kind>)")
     sock.curve_serverkey = keys.server_public
-    sock.curve_secretkey = keys.client_secret
-    sock.curve_publickey = keys.client_public
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
 
 
 class SecureContext:

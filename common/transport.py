@@ -15,7 +15,7 @@ import asyncio
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -53,6 +53,13 @@ class TransportConfig:
     hwm: int = 100_000
     # CURVE keys for sockets that cross hosts; None = plain TCP (the loopback default).
     curve: CurveKeys | None = None
+
+    def toward(self, server: str) -> TransportConfig:
+        """This config for a client socket dialing a ``server`` kind (router, worker, kvtier): CURVE then
+        checks that server's public key."""
+        if self.curve is None:
+            return self
+        return replace(self, curve=self.curve.toward(server))
 
     @property
     def hard_max_message_bytes(self) -> int:
@@ -288,7 +295,16 @@ class Client:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = fut
         try:
-            await self.send(msg)
+            data = encode_capped(msg, self._max_bytes)
+            sent = self._sock.send(data, copy=True, flags=zmq.NOBLOCK)
+            if sent.done() and isinstance(sent.exception(), zmq.Again):
+                # No peer to hand it to (a server that refused our CURVE handshake, a full queue to a stalled
+                # one): a DEALER's send would wait forever, so it waits under the deadline too.
+                await asyncio.wait_for(self._sock.send(data, copy=True), timeout_s)
+            elif sent.done() and sent.exception() is not None:
+                raise sent.exception()  # type: ignore[misc]
+            elif not sent.done():
+                sent.add_done_callback(_log_send_failure)
             return await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError as exc:
             raise TransportTimeout(f"no reply from {self.endpoint} within {timeout_s}s") from exc

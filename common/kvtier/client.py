@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import TierBlocks, TierLookup, TierStore, TierStored
+from common.security import CurveKeys
 from common.transport import Client, TransportConfig, new_id
 from common.kvtier.transfer import InlineTransfer, block_ok
 
@@ -65,6 +66,8 @@ class TierClientConfig:
     max_message_bytes: int = 12 * 1024 * 1024
     # Messages ZeroMQ may queue toward kvtier; small, so a dead kvtier cannot pile up memory.
     hwm: int = 8
+    # This worker's CURVE keys (common/security.py); None: plain TCP.
+    curve: CurveKeys | None = None
 
 
 def next_page(block_hashes: Sequence[int], num_done: int, deadline: float, what: str) -> tuple[tuple[int, ...], float]:
@@ -133,6 +136,9 @@ class TierClient:
         except (TransportTimeout, RemoteError, zmq.ZMQError, AssertionError) as exc:
             self._failed("lookup", exc)
             # Blocks already verified are still good: use them.
+        except Exception as exc:  # a lookup is an optimisation: whatever breaks in it costs a recompute, not the request
+            log.exception("kvtier_lookup_failed")
+            self._failed("lookup", exc)
         self.num_hits += len(out)
         return out
 
@@ -146,7 +152,8 @@ class TierClient:
                 pass
         await self._reset()
         if self._ctx is not None:
-            self._ctx.term()
+            # destroy, not term: a socket a failed lookup's reset task has not closed yet must not hang us.
+            self._ctx.destroy(linger=0)
             self._ctx = None
 
     # ---------------------------------------------------------------------------------------- internals
@@ -183,9 +190,21 @@ class TierClient:
         if self._client is None:
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
-            self._client = Client(self._ctx, self.config.endpoint, TransportConfig(hwm=self.config.hwm))
-        # The outer wait_for also bounds a send blocked on a full queue.
-        return await asyncio.wait_for(self._client.request(msg, timeout_s), timeout_s + 0.05)
+            transport = TransportConfig(hwm=self.config.hwm, curve=self.config.curve).toward("kvtier")
+            self._client = Client(self._ctx, self.config.endpoint, transport)
+        # The outer wait_for also bounds a send blocked on a full queue. It raises the builtin TimeoutError (also
+        # when both deadlines expire in one turn of a busy loop): named like the inner timeout, so every caller's
+        # "kvtier failed -> recompute" path sees it.
+        try:
+            return await asyncio.wait_for(self._client.request(msg, timeout_s), timeout_s + 0.05)
+        except TimeoutError as exc:
+            raise TransportTimeout(f"kvtier gave no reply to {type(msg).__name__} in {timeout_s} s") from exc
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller cancelled us: pass it on
+            # Another lookup's failure closed the socket this one was sending on: a failure, not a cancel.
+            raise TransportTimeout(f"kvtier socket reset during {type(msg).__name__}") from exc
 
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():

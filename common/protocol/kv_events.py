@@ -43,6 +43,9 @@ class KvEvents(Msg, frozen=True):
     worker_id: str
     event_id: int
     events: tuple[KvEvent, ...]
+    # Random per publisher start (a process start): a new epoch means the source's earlier blocks are gone and
+    # numbering began again at 0; the router then needs a snapshot unless this is batch 0.
+    epoch: int = 0
 
 
 class KvSnapshotRequest(Msg, frozen=True):
@@ -66,3 +69,5 @@ class KvSnapshot(Msg, frozen=True):
     # The last batch reflected here (-1: none published yet); batches after it apply on top.
     event_id: int
     tier_blocks: tuple[StoredBlock, ...]
+    # The publisher's epoch (KvEvents.epoch) that event_id counts in.
+    epoch: int = 0

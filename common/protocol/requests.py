@@ -23,11 +23,14 @@ class RouteRequest(Msg, frozen=True):
     token_ids: tuple[int, ...]
     # Workers the frontend wants avoided (e.g. one that just failed this request).
     exclude_worker_ids: tuple[str, ...] = ()
+    # Worker processes (WorkerInfo.instance_id) to avoid: the one a migrating request lost, not its restart.
+    exclude_instance_ids: tuple[str, ...] = ()
 
 
-class WorkerRef(msgspec.Struct, frozen=True):
+class WorkerRef(msgspec.Struct, frozen=True, omit_defaults=True):
     worker_id: str
     endpoint: str
+    instance_id: str = ""
 
 
 class Route(Msg, frozen=True):

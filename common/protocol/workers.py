@@ -93,6 +93,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # Bytes of KV one token occupies on this engine (all layers, K and V); 0: unknown. The router prices a
     # prefilled prompt's move at num_tokens * this over the link.
     kv_bytes_per_token: int = 0
+    # Random per process start: a restarted worker keeps its worker_id but not this, so a frontend migrating
+    # away from a dead worker excludes that process, never its successor.
+    instance_id: str = ""
 
 
 class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):

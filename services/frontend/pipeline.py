@@ -33,16 +33,22 @@ from common.protocol import (
 )
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.metrics import FrontendMetrics
+from common.router_set import RouterSet
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    # One router endpoint, or several (replicas), comma-separated: any live one answers.
     router_endpoint: str
     route_timeout_s: float = 5.0
+    # With several routers: a router silent this long is skipped and the request goes to the next one.
+    router_failover_s: float = 0.5
     # How long a request waits for a worker to (re)appear before a 503: rides out a worker restart.
     no_worker_wait_s: float = 1.0
+    # How long a request that lost its worker waits for a capable worker (a restarted or new one) before failing.
+    migration_wait_s: float = 30.0
     # Longest wait for the prefill worker's first token (queueing included).
     prefill_timeout_s: float = 120.0
     # Longest silence from a worker inside one request before it counts as lost.
@@ -71,7 +77,8 @@ class Pipeline:
         self.metrics = metrics
         self._secure = open_context(config.transport)
         self._ctx = self._secure.ctx
-        self._router = Client(self._ctx, config.router_endpoint, config.transport)
+        self._router = RouterSet(self._ctx, config.router_endpoint, config.transport,
+                                 failover_s=config.router_failover_s)
         self._workers: dict[str, Client] = {}
         self._missing_polls: dict[str, int] = {}
         self.last_worker_list: WorkerList | None = None
@@ -85,7 +92,7 @@ class Pipeline:
     def _client(self, endpoint: str) -> Client:
         client = self._workers.get(endpoint)
         if client is None:
-            client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport)
+            client = self._workers[endpoint] = Client(self._ctx, endpoint, self.config.transport.toward("worker"))
             client.start()
         return client
 
@@ -131,9 +138,12 @@ class Pipeline:
         return reply
 
     async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
-                    exclude: tuple[str, ...] = ()) -> Route:
-        msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude)
-        deadline_s = time.monotonic() + self.config.no_worker_wait_s
+                    exclude: tuple[str, ...] = (), exclude_instances: tuple[str, ...] = (),
+                    no_worker_wait_s: float | None = None) -> Route:
+        msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude,
+                           exclude_instance_ids=exclude_instances)
+        wait_s = self.config.no_worker_wait_s if no_worker_wait_s is None else no_worker_wait_s
+        deadline_s = time.monotonic() + wait_s
         while True:
             try:
                 reply = await self._router.request(msg, self.config.route_timeout_s)
@@ -154,14 +164,20 @@ class Pipeline:
         ``route``: take this route (first attempt) instead of asking the router. ``on_decode``: called with the
         route once the decode worker streams (its prompt KV is then in its prefix cache)."""
         generated: list[int] = []
+        # Lost worker processes; by instance (a restarted worker keeps its id and must stay eligible), or by
+        # id for a worker that does not say its instance.
         excluded: tuple[str, ...] = ()
+        excluded_instances: tuple[str, ...] = ()
         num_cached = -1
         for attempt in range(self.config.migration_limit + 1):
             # A migrated request resumes from the prompt plus what was already streamed.
             prompt = token_ids + tuple(generated)
             remaining = _after(sampling, len(generated))
             if route is None or attempt > 0:
-                route = await self.route(request_id, model, prompt, excluded)
+                # A migrating request waits for a capable worker (its only one may be restarting) up to
+                # migration_wait_s.
+                route = await self.route(request_id, model, prompt, excluded, excluded_instances,
+                                         self.config.migration_wait_s if attempt else None)
             try:
                 async for out in self._run(request_id, prompt, remaining, route, on_decode):
                     generated.extend(out.token_ids)
@@ -174,7 +190,10 @@ class Pipeline:
             except WorkerLost as exc:
                 if sampling.structured is not None and generated:
                     raise  # a new worker's grammar would start over mid-answer: fail rather than break the JSON
-                excluded = excluded + (route.decode.worker_id,)
+                if route.decode.instance_id:
+                    excluded_instances += (route.decode.instance_id,)
+                else:
+                    excluded += (route.decode.worker_id,)
                 self.metrics.migrations.inc()
                 log.warning("request_migrating", request_id=request_id, attempt=attempt + 1, reason=str(exc),
                             num_generated=len(generated))

@@ -9,30 +9,25 @@ registers with the router (``RegisterTier``), heartbeats, and publishes its host
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import structlog
 import zmq
 import zmq.asyncio
 
 from common import protocol
-from common.addresses import advertised_endpoint, dialable
-from common.backoff import Backoff
-from common.errors import ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
+from common.addresses import advertised_endpoint
+from common.errors import ProtocolError
 from common.protocol import (
     PROTOCOL_VERSION,
-    BlockStored,
-    ErrorReply,
     GetStats,
     Heartbeat,
     KvEvent,
     KvEvents,
     KvSnapshot,
-    KvSnapshotRequest,
     Message,
-    RegisterAck,
     RegisterTier,
     StoredBlock,
     TierBlock,
@@ -43,7 +38,8 @@ from common.protocol import (
     TierStored,
     WorkerLoad,
 )
-from common.transport import Client, Server, TransportConfig, new_id, serve_requests
+from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
+from common.transport import Server, TransportConfig, open_context, serve_requests
 from services.kvtier.metrics import KvTierMetrics
 from common.nixl import make_nixl_agent
 from services.kvtier.pool import GIB, agent_name
@@ -98,16 +94,19 @@ class KvTierService:
         self.store: BlockStore | None = None
         self.endpoint = ""
         self._server: Server | None = None
-        self._router: Client | None = None
-        self._pub: zmq.asyncio.Socket | None = None
+        # One link per router of the --router list (replicas); one PUB socket carries events to all of them.
+        self._links: list[RouterLink] = []
+        self._pub: EventsSocket | None = None
         self._next_event_id = 0
-        self._must_register = asyncio.Event()
+        # Random per process start (KvEvents.epoch): a restarted kvtier's numbering is told apart from the old.
+        self.epoch = int.from_bytes(os.urandom(6), "little")
         self._ctx: zmq.asyncio.Context | None = None
         self._nixl_metadata = b""
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         cfg = self.config
-        ctx = self._ctx = zmq.asyncio.Context()
+        secure = open_context(cfg.transport)
+        ctx = self._ctx = secure.ctx
         self._server = Server(ctx, cfg.endpoint, cfg.transport)
         self.endpoint = advertised_endpoint(self._server.endpoint, cfg.advertise_endpoint)
         store = self.store = BlockStore(cfg.tier_id, cfg.host_bytes, cfg.block_bytes, cfg.disk_bytes, cfg.disk_dir,
@@ -121,8 +120,15 @@ class KvTierService:
         try:
             loop = asyncio.get_running_loop()
             if cfg.router_endpoint:
-                self._router = Client(ctx, cfg.router_endpoint, cfg.transport, on_unsolicited=self._on_router_message)
-                await self._register()
+                self._pub = EventsSocket(ctx, cfg.transport)
+                self._links = [
+                    RouterLink(ctx, endpoint, cfg.transport, source_id=cfg.tier_id,
+                               make_registration=self._registration, make_snapshot=self._snapshot,
+                               on_events_endpoint=self._pub.connect, register_timeout_s=cfg.register_timeout_s)
+                    for endpoint in split_endpoints(cfg.router_endpoint)]
+                registering = [loop.create_task(link.keep_registered()) for link in self._links]
+                background += registering
+                await first_registration(self._links, registering)
                 background.append(loop.create_task(self._heartbeat_loop()))
             background.append(loop.create_task(self._events_loop()))
             if cfg.nixl:
@@ -137,12 +143,12 @@ class KvTierService:
             for task in background:
                 task.cancel()
             if self._pub is not None:
-                self._pub.close(linger=0)
-            if self._router is not None:
-                await self._router.close()
+                self._pub.close()
+            for link in self._links:
+                await link.close()
             self._server.close()
             store.close()
-            ctx.term()
+            secure.close()
 
     async def _attach_nixl(self) -> None:
         """Make the NIXL agent off the event loop (importing NIXL imports torch: seconds), then register."""
@@ -214,67 +220,24 @@ class KvTierService:
 
     # ------------------------------------------------------------------------------------------- router
 
-    async def _register(self) -> None:
-        assert self._router is not None and self.store is not None
-        backoff = Backoff(base_s=0.1, max_s=2.0)
-        msg = RegisterTier(request_id="", tier_id=self.config.tier_id, protocol_version=PROTOCOL_VERSION,
-                           endpoint=self.endpoint, block_bytes=self.store.block_bytes,
-                           nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "",
-                           node=self.config.node, zone=self.config.zone)
-        while True:
-            try:
-                ack = await self._router.request(msgspec.structs.replace(msg, request_id=new_id("treg")),
-                                                 timeout_s=self.config.register_timeout_s)
-                assert isinstance(ack, RegisterAck)
-                self._must_register.clear()
-                if ack.events_endpoint:
-                    self._connect_events(ack.events_endpoint)
-                log.info("tier_registered", tier_id=self.config.tier_id, router=self.config.router_endpoint)
-                return
-            except RemoteError as exc:
-                if exc.code == "registration_refused":  # a broken contract never degrades: stop loudly
-                    log.error("registration_refused", tier_id=self.config.tier_id, reason=exc.message)
-                    raise RegistrationRefused(exc.message) from exc
-                log.warning("tier_register_failed", error=str(exc))
-            except TransportTimeout:
-                log.warning("router_unreachable", router=self.config.router_endpoint)
-            await asyncio.sleep(backoff.next_s())
-
-    def _connect_events(self, endpoint: str) -> None:
-        """(Re)connect the PUB socket; numbering restarts at 0 with everything held as the first batch."""
-        assert self._ctx is not None and self.store is not None
-        if self._pub is not None:
-            self._pub.close(linger=0)
-        sock = self._ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.config.transport.hwm)
-        # A router whose SUB binds every interface tells a wildcard: dial it where we reach the router.
-        sock.connect(dialable(endpoint, self.config.router_endpoint))
-        self._pub = sock
-        self._next_event_id = 0
-        index = self.store.index
-        index.drain_events()
-        first: list[KvEvent] = []
-        for tier in ("host", "disk"):
-            hashes = index.hashes(tier)  # type: ignore[arg-type]
-            if hashes:
-                first.append(BlockStored(block_hashes=tuple(hashes), parent_hash=None, tier=tier))  # type: ignore[arg-type]
-        # Always publish batch 0 (even empty): the router learns our numbering starts now.
-        self._publish(tuple(first))
+    def _registration(self, request_id: str) -> RegisterTier:
+        assert self.store is not None
+        return RegisterTier(request_id=request_id, tier_id=self.config.tier_id, protocol_version=PROTOCOL_VERSION,
+                            endpoint=self.endpoint, block_bytes=self.store.block_bytes,
+                            nixl_agent=agent_name(self.config.tier_id) if self.config.nixl else "",
+                            node=self.config.node, zone=self.config.zone)
 
     def _publish(self, events: tuple[KvEvent, ...]) -> None:
-        assert self._pub is not None
-        msg = KvEvents(worker_id=self.config.tier_id, event_id=self._next_event_id, events=events)
+        # Numbered even before a router listens: each router starts from a snapshot tagged with this numbering.
+        msg = KvEvents(worker_id=self.config.tier_id, event_id=self._next_event_id, events=events, epoch=self.epoch)
         self._next_event_id += 1
-        try:
-            self._pub.send(protocol.encode(msg), flags=zmq.NOBLOCK)
-        except zmq.Again:
+        if self._pub is not None and self._pub.connected and not self._pub.send(protocol.encode(msg)):
             log.warning("kv_events_dropped", tier_id=self.config.tier_id, event_id=msg.event_id)
 
     def flush_events(self) -> None:
         assert self.store is not None
         events = self.store.index.drain_events()
-        if events and self._pub is not None:
+        if events:
             self._publish(tuple(events))
 
     async def _events_loop(self) -> None:
@@ -295,32 +258,16 @@ class KvTierService:
         self.flush_events()
         blocks = tuple(StoredBlock(block_hash=h, parent_hash=None, tier=t) for h, t in self.store.index.snapshot())
         return KvSnapshot(request_id=request_id, worker_id=self.config.tier_id, event_id=self._next_event_id - 1,
-                          tier_blocks=blocks)
-
-    def _on_router_message(self, msg: Message) -> None:
-        match msg:
-            case ErrorReply(code="not_registered"):
-                self._must_register.set()
-            case KvSnapshotRequest(request_id=rid):
-                if self._router is not None and self._pub is not None:
-                    self._router.send_nowait(self._snapshot(rid))
-            case _:
-                log.warning("unexpected_router_message", type=type(msg).__name__)
+                          tier_blocks=blocks, epoch=self.epoch)
 
     async def _heartbeat_loop(self) -> None:
-        assert self._router is not None and self.store is not None
+        assert self.store is not None
         seq = 0
         while True:
-            if self._must_register.is_set():
-                log.warning("router_forgot_us", tier_id=self.config.tier_id)
-                await self._register()
             seq += 1
             index = self.store.index
             load = WorkerLoad(num_total_blocks=index.num_slots("host"),
                               num_free_blocks=index.num_slots("host") - index.num_used("host"))
-            try:
-                self._router.send_nowait(Heartbeat(worker_id=self.config.tier_id, load=load, seq=seq))
-            except zmq.Again:
-                pass
+            send_all(self._links, Heartbeat(worker_id=self.config.tier_id, load=load, seq=seq))
             await asyncio.sleep(self.config.heartbeat_interval_s)
 

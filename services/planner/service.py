@@ -25,7 +25,8 @@ import zmq
 
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
-from common.transport import Client, TransportConfig, new_id, open_context
+from common.router_set import RouterSet
+from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
 from services.planner.plan import plan_disaggregated, prefill_workers_for_quantile
@@ -100,7 +101,7 @@ class PlannerService:
         secure = open_context(self.config.transport)
         pub = secure.ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        router = Client(secure.ctx, self.config.router_endpoint, self.config.transport)
+        router = RouterSet(secure.ctx, self.config.router_endpoint, self.config.transport)  # any live replica
         decisions = self.config.decisions_path.open("a") if self.config.decisions_path else None
         try:
             pub.bind(self.config.events_endpoint)

@@ -210,7 +210,11 @@ class PrefixIndex:
     def apply_events(self, batch: KvEvents) -> EventCheck:
         """Apply a batch if it is next in order; hold it after a gap. ``needs_snapshot`` says when to ask."""
         source_id = batch.worker_id
-        check = self.tracker.observe(source_id, batch.event_id)
+        check = self.tracker.observe(source_id, batch.event_id, batch.epoch)
+        if check.new_epoch:
+            self._held_batches.pop(source_id, None)  # the old epoch's: superseded by the restart
+        if check.action == "gap" or check.new_epoch:
+            self._clear_source(source_id)  # fail closed: no credit for a view known to be incomplete
         match check.action:
             case "apply":
                 pass
@@ -231,8 +235,12 @@ class PrefixIndex:
     def load_snapshot(self, source_id: str, snapshot: KvSnapshot) -> SnapshotLoad:
         """Replace everything ``source_id`` holds with the snapshot, then replay batches held since the gap."""
         last = self.tracker.last_event_id(source_id)
-        if last is not None and not self.tracker.awaiting_snapshot(source_id) and snapshot.event_id < last:
+        awaiting = self.tracker.awaiting_snapshot(source_id)
+        if last is not None and not awaiting and (snapshot.event_id < last
+                                                  or not self.tracker.snapshot_fits(source_id, snapshot.epoch)):
             return SnapshotLoad(0, 0, needs_snapshot=False)  # older than what we applied: a late duplicate
+        if not self.tracker.snapshot_fits(source_id, snapshot.epoch):
+            return SnapshotLoad(0, 0, needs_snapshot=True)  # the source restarted since: ask the new one
         self._clear_source(source_id)
         by_level: tuple[list[int], ...] = ([], [], [])
         for block in snapshot.tier_blocks:
@@ -240,13 +248,22 @@ class PrefixIndex:
         for level, hashes in enumerate(by_level):
             if hashes:
                 self._store(source_id, hashes, level)
-        self.tracker.snapshot_loaded(source_id, snapshot.event_id)
+        self.tracker.snapshot_loaded(source_id, snapshot.event_id, snapshot.epoch)
         held = sorted(self._held_batches.pop(source_id, []), key=lambda b: b.event_id)
         num_replayed = 0
         for batch in held:
             check = self.apply_events(batch)
             num_replayed += check.action in ("apply", "restart")
         return SnapshotLoad(len(snapshot.tier_blocks), num_replayed, self.tracker.awaiting_snapshot(source_id))
+
+    def expect_snapshot(self, source_id: str) -> None:
+        """A source (re)registered: forget what it held and credit it nothing until its snapshot is loaded."""
+        self._clear_source(source_id)
+        self._held_batches.pop(source_id, None)
+        self.tracker.expect_snapshot(source_id)
+
+    def credited(self, source_id: str) -> bool:
+        return self.tracker.credited(source_id)
 
     def remove_worker(self, source_id: str) -> None:
         """Forget a source entirely: its blocks, its event numbering and any held batches."""

@@ -69,6 +69,9 @@ class RouterConfig:
     # A worker silent this long is dropped (heartbeats come every ~0.25 s).
     # Generous on purpose: a starved but healthy worker must not be dropped (its requests would fail over).
     heartbeat_timeout_s: float = 5.0
+    # How often sources awaiting a KV snapshot are checked, and how long an unanswered ask waits to be repeated.
+    snapshot_poll_s: float = 0.02
+    snapshot_retry_s: float = 1.0
     transport: TransportConfig = field(default_factory=TransportConfig)
     metrics_port: int = 0  # 0 = no metrics endpoint
     metrics_host: str = "127.0.0.1"  # bind address of /metrics
@@ -116,6 +119,7 @@ class RouterService:
         loop = asyncio.get_running_loop()
         reaper = loop.create_task(self._reap_loop())
         events = loop.create_task(self._events_loop(sub))
+        snapshots = loop.create_task(self._snapshot_loop())
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
@@ -124,6 +128,7 @@ class RouterService:
         finally:
             reaper.cancel()
             events.cancel()
+            snapshots.cancel()
             sub.close(linger=0)
             self._server.close()
             secure.close()
@@ -147,6 +152,7 @@ class RouterService:
                 # rebuild them. Its blocks count for every worker.
                 self.index.remove_worker(tier_id)
                 self.index.mark_shared(tier_id)
+                self.index.expect_snapshot(tier_id)  # no credit for its blocks until its snapshot is loaded
                 self._tiers[tier_id] = now_s
                 self._identities[tier_id] = identity
                 self._tier_info[tier_id] = msg
@@ -175,6 +181,9 @@ class RouterService:
                     return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
                 # A re-registration starts that worker's KV view from scratch; its events rebuild it.
                 self.index.remove_worker(info.worker_id)
+                if info.kv_events:
+                    # Fail closed until its snapshot is loaded (the snapshot loop asks for it at once).
+                    self.index.expect_snapshot(info.worker_id)
                 self.approx.remove_worker(info.worker_id)
                 if self.pending is not None:
                     self.pending.remove_worker(info.worker_id)
@@ -196,7 +205,13 @@ class RouterService:
                                   loads=tuple(e.load for e in entries),
                                   draining=tuple(e.info.worker_id for e in entries if e.draining))
             case KvSnapshot():
-                if self.index.load_snapshot(msg.worker_id, msg).needs_snapshot:
+                if msg.worker_id not in self._identities:
+                    return None  # a source we dropped since it was asked
+                loaded = self.index.load_snapshot(msg.worker_id, msg)
+                log.info("kv_snapshot_loaded", worker_id=msg.worker_id, num_blocks=loaded.num_blocks,
+                         num_replayed=loaded.num_replayed, epoch=msg.epoch, event_id=msg.event_id)
+                if loaded.needs_snapshot:
+                    self.index.tracker.mark_asked(msg.worker_id, now_s)
                     return KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id)
                 return None
             case _:
@@ -204,12 +219,12 @@ class RouterService:
 
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
-        decode = self._candidates(req.model, DECODE_ROLES, req.exclude_worker_ids)
+        decode = self._candidates(req.model, DECODE_ROLES, req)
         if not decode:
             self.metrics.routes_failed.inc()
             return ErrorReply(request_id=req.request_id, code="no_worker",
                               message=f"no decode-capable worker serves model {req.model!r}")
-        prefill = self._candidates(req.model, PREFILL_ROLES, req.exclude_worker_ids)
+        prefill = self._candidates(req.model, PREFILL_ROLES, req)
         entry = self.registry.get(decode[0].worker_id)
         assert entry is not None
         block_size, seed = entry.info.block_size, entry.info.hash_seed
@@ -246,12 +261,13 @@ class RouterService:
                  num_blocks=pick.num_extra_blocks, seconds_saved=round(pick.seconds_saved, 4))
         return pick.tier.endpoint
 
-    def _candidates(self, model: str, roles: frozenset, exclude: tuple[str, ...]) -> list[Candidate]:
+    def _candidates(self, model: str, roles: frozenset, req: RouteRequest) -> list[Candidate]:
         return [
             Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e), node=e.info.node,
                       zone=e.info.zone, kv_bytes_per_token=e.info.kv_bytes_per_token)
             for e in self.registry.workers(model, roles)
-            if e.info.worker_id not in exclude and not e.draining
+            if e.info.worker_id not in req.exclude_worker_ids and not e.draining
+            and not (e.info.instance_id and e.info.instance_id in req.exclude_instance_ids)
         ]
 
     def _learn_links(self, worker_id: str, samples: tuple[TransferSample, ...]) -> None:
@@ -273,7 +289,7 @@ class RouterService:
     def _ref(self, worker_id: str) -> WorkerRef:
         entry = self.registry.get(worker_id)
         assert entry is not None
-        return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint)
+        return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint, instance_id=entry.info.instance_id)
 
     def _overlaps(self, hashes: list[int]) -> dict[str, TierOverlap]:
         # With a shared tier, name every worker: one holding no blocks of its own still reuses the tier's.
@@ -283,6 +299,8 @@ class RouterService:
             overlaps.update(self.approx.overlaps(hashes))
         if self.pending is not None and self.pending.num_blocks:
             for worker_id, run in self.pending.overlaps(hashes).items():
+                if not self.index.credited(worker_id):
+                    continue  # awaiting its snapshot: no guesses either (fail closed)
                 known = overlaps.get(worker_id)
                 if known is None:
                     overlaps[worker_id] = run
@@ -325,6 +343,7 @@ class RouterService:
             log.warning("kv_event_gap", worker_id=msg.worker_id, expected=check.expected_event_id, got=msg.event_id)
             self.metrics.event_gaps.inc()
             assert self._server is not None
+            self.index.tracker.mark_asked(msg.worker_id, time.monotonic())
             self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"), worker_id=msg.worker_id))
 
     def _drop(self, worker_id: str, reason: str) -> None:
@@ -351,6 +370,17 @@ class RouterService:
             self._identities.pop(tier_id, None)
             log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")
         return dead
+
+    async def _snapshot_loop(self) -> None:
+        """Ask every source awaiting a snapshot (just registered, restarted, after a gap) for one, and again
+        every ``snapshot_retry_s`` until it comes: until then that source gets no prefix credit."""
+        while True:
+            await asyncio.sleep(self.config.snapshot_poll_s)
+            for source_id in self.index.tracker.due_snapshots(time.monotonic(), self.config.snapshot_retry_s):
+                identity = self._identities.get(source_id)
+                if identity is not None and self._server is not None:
+                    self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"),
+                                                                         worker_id=source_id))
 
     async def _reap_loop(self) -> None:
         interval_s = self.config.heartbeat_timeout_s / 4

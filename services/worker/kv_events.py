@@ -1,22 +1,19 @@
 """Publishes an engine's prefix-cache changes to the router as numbered ``KvEvents`` batches (docs/architecture.md#contracts).
 
-Events go out on a PUB socket connected to the router's SUB. PUB/SUB may drop under pressure; the batch
-numbers let the router notice and ask for a snapshot, which this class answers from the engine's cache.
+Events go out on a PUB socket connected to every router's SUB. PUB/SUB may drop under pressure; the batch
+numbers let a router notice and ask for a snapshot, which this class answers from the engine's cache.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Protocol
 
 import structlog
-import zmq
-import zmq.asyncio
-
 from common import protocol
 from common.protocol import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEvents, KvSnapshot, StoredBlock
-from common.security import secure_client
-from common.transport import TransportConfig
+from common.router_link import EventsSocket
 from services.worker.engine import BlocksRemoved, BlocksStored
 
 log = structlog.get_logger(__name__)
@@ -41,59 +38,41 @@ def to_wire(event: object) -> KvEvent:
 
 
 class KvEventPublisher:
+    """Numbers an engine's events within an epoch (random per publisher, i.e. per worker process) and publishes
+    them to every router the events socket is connected to. Routers learn what was cached before they
+    listened from a snapshot they ask for on registration, so (re)connecting never renumbers."""
+
     def __init__(self, worker_id: str, source: EventSource, interval_s: float = 0.01) -> None:
         self.worker_id = worker_id
+        self.epoch = int.from_bytes(os.urandom(6), "little")
         self._source = source
         self._interval_s = interval_s
         self._next_event_id = 0
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: EventsSocket | None = None
 
-    def connect(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig) -> None:
-        """(Re)connect to a router's SUB endpoint. Numbering restarts at 0: the router starts this worker
-        over, as after a re-registration."""
-        self.close()
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, config.hwm)
-        secure_client(sock, config.curve)
-        sock.connect(endpoint)
+    def attach(self, sock: EventsSocket) -> None:
         self._sock = sock
-        self._next_event_id = 0
-        # Everything cached before this connection reaches the router as the first batch.
-        cached = self._source.kv_snapshot()
-        self._source.drain_kv_events()
-        if cached:
-            self._publish((BlockStored(block_hashes=cached, parent_hash=None, tier="device"),))
 
     def snapshot(self, request_id: str) -> KvSnapshot:
         """The engine's whole cache, tagged with the last batch it reflects."""
         self.flush()
         blocks = tuple(StoredBlock(block_hash=h, parent_hash=None, tier="device") for h in self._source.kv_snapshot())
         return KvSnapshot(request_id=request_id, worker_id=self.worker_id, event_id=self._next_event_id - 1,
-                          tier_blocks=blocks)
+                          tier_blocks=blocks, epoch=self.epoch)
 
     def flush(self) -> None:
-        if self._sock is None:
-            return
         events = self._source.drain_kv_events()
         if events:
             self._publish(tuple(to_wire(e) for e in events))
 
     def _publish(self, events: tuple[KvEvent, ...]) -> None:
-        assert self._sock is not None
-        msg = KvEvents(worker_id=self.worker_id, event_id=self._next_event_id, events=events)
+        # Numbered even with no router connected yet: routers start from a snapshot tagged with this numbering.
+        msg = KvEvents(worker_id=self.worker_id, event_id=self._next_event_id, events=events, epoch=self.epoch)
         self._next_event_id += 1
-        try:
-            self._sock.send(protocol.encode(msg), flags=zmq.NOBLOCK)
-        except zmq.Again:
+        if self._sock is not None and self._sock.connected and not self._sock.send(protocol.encode(msg)):
             log.warning("kv_events_dropped", worker_id=self.worker_id, event_id=msg.event_id)
 
     async def run(self) -> None:
         while True:
             self.flush()
             await asyncio.sleep(self._interval_s)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None

@@ -20,9 +20,8 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from common.addresses import advertised_endpoint, dialable
-from common.backoff import Backoff
-from common.errors import EngineError, ProtocolError, RegistrationRefused, RemoteError, TransportTimeout
+from common.addresses import advertised_endpoint
+from common.errors import EngineError, ProtocolError
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -30,9 +29,7 @@ from common.protocol import (
     Generate,
     GetStats,
     Heartbeat,
-    KvSnapshotRequest,
     Message,
-    RegisterAck,
     RegisterWorker,
     Role,
     Tokens,
@@ -41,7 +38,8 @@ from common.protocol import (
     WorkerLoad,
     WorkerStats,
 )
-from common.transport import Client, Server, TransportConfig, new_id, open_context
+from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
+from common.transport import Server, TransportConfig, new_id, open_context
 from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
 from services.worker.metrics import WorkerMetrics
@@ -83,11 +81,14 @@ class WorkerService:
         self.engine = engine
         self.endpoint = ""
         self._server: Server | None = None
-        self._router: Client | None = None
+        # One link per router of the --router list (replicas): each gets our registration, heartbeats, events.
+        self._links: list[RouterLink] = []
+        self._events_socket: EventsSocket | None = None
+        # Random per process: a restarted worker keeps its id, not this (frontends exclude the dead process).
+        self.instance_id = new_id("wi")
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Which frontend connection (ROUTER identity) sent each running request: only it may abort it.
         self._owners: dict[str, bytes] = {}
-        self._must_register = asyncio.Event()
         self._draining = False
         self._serving = False
         self._heartbeat_seq = 0
@@ -106,15 +107,26 @@ class WorkerService:
         ctx = self._ctx = secure.ctx
         self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
-        self._router = Client(ctx, self.config.router_endpoint, self.config.transport,
-                              on_unsolicited=self._on_router_message)
+        self._events_socket = EventsSocket(ctx, self.config.transport)
+        if self._events is not None:
+            self._events.attach(self._events_socket)
+        self._links = [
+            RouterLink(ctx, endpoint, self.config.transport, source_id=self.config.worker_id,
+                       make_registration=lambda rid: RegisterWorker(request_id=rid, info=self._info(),
+                                                                    protocol_version=PROTOCOL_VERSION),
+                       make_snapshot=self._events.snapshot if self._events is not None else None,
+                       on_events_endpoint=self._events_socket.connect if self._events is not None else None,
+                       register_timeout_s=self.config.register_timeout_s)
+            for endpoint in split_endpoints(self.config.router_endpoint)]
         background: list[asyncio.Task[None]] = []
         try:
             await self.engine.start()
-            await self._register()
+            loop = asyncio.get_running_loop()
+            registering = [loop.create_task(link.keep_registered()) for link in self._links]
+            background += registering
+            await first_registration(self._links, registering)
             if self.config.metrics_port:
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-            loop = asyncio.get_running_loop()
             background.append(loop.create_task(self._heartbeat_loop()))
             if self._events is not None:
                 background.append(loop.create_task(self._events.run()))
@@ -133,14 +145,11 @@ class WorkerService:
         finally:
             for task in [*background, *self._tasks.values()]:
                 task.cancel()
-            try:
-                self._router.send_nowait(Unregister(worker_id=self.config.worker_id))
-            except Exception:  # the router may be gone already; it will expire us
-                pass
+            send_all(self._links, Unregister(worker_id=self.config.worker_id))  # a dead router expires us instead
             await self.engine.shutdown()
-            if self._events is not None:
-                self._events.close()
-            await self._router.close()
+            self._events_socket.close()
+            for link in self._links:
+                await link.close()
             self._server.close()
             secure.close()
 
@@ -286,64 +295,19 @@ class WorkerService:
             max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
             node=self.config.node, zone=self.config.zone,
             # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
-            kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0),
+            kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
         )
 
-    async def _register(self) -> None:
-        """Register until the router answers; a refusal is fatal (a broken contract never degrades)."""
-        assert self._router is not None
-        backoff = Backoff(base_s=0.1, max_s=2.0)
-        while True:
-            try:
-                ack = await self._router.request(RegisterWorker(
-                    request_id=new_id("reg"), info=self._info(), protocol_version=PROTOCOL_VERSION),
-                                                 timeout_s=self.config.register_timeout_s)
-                assert isinstance(ack, RegisterAck)
-                self._must_register.clear()
-                if self._events is not None and ack.events_endpoint:
-                    assert self._ctx is not None
-                    # A router whose SUB binds every interface tells us a wildcard: dial it where we reach the router.
-                    events = dialable(ack.events_endpoint, self.config.router_endpoint)
-                    self._events.connect(self._ctx, events, self.config.transport)
-                log.info("registered", worker_id=self.config.worker_id, router=self.config.router_endpoint)
-                return
-            except RemoteError as exc:
-                if exc.code == "registration_refused":
-                    log.error("registration_refused", worker_id=self.config.worker_id, reason=exc.message)
-                    raise RegistrationRefused(exc.message) from exc
-                log.warning("register_failed", error=str(exc))
-            except TransportTimeout:
-                log.warning("router_unreachable", router=self.config.router_endpoint)
-            await asyncio.sleep(backoff.next_s())
-
-    def _on_router_message(self, msg: Message) -> None:
-        match msg:
-            case ErrorReply(code="not_registered"):
-                self._must_register.set()
-            case KvSnapshotRequest(request_id=rid):
-                if self._events is not None and self._router is not None:
-                    self._router.send_nowait(self._events.snapshot(rid))
-            case _:
-                log.warning("unexpected_router_message", type=type(msg).__name__)
-
     async def _heartbeat_loop(self) -> None:
-        assert self._router is not None
         while True:
-            if self._must_register.is_set():
-                log.warning("router_forgot_us", worker_id=self.config.worker_id)
-                await self._register()
             self._send_heartbeat()
             await asyncio.sleep(self.config.heartbeat_interval_s)
 
     def _send_heartbeat(self) -> None:
-        assert self._router is not None
         self._heartbeat_seq += 1
         load = self.engine.load()
         counters = self._refresh_counters(load)
         transfers = self._transfer_sources.new_samples(counters.recent_transfers)
-        try:
-            self._router.send_nowait(Heartbeat(worker_id=self.config.worker_id, load=load,
-                                               seq=self._heartbeat_seq, draining=self._draining,
-                                               transfers=transfers))
-        except zmq.Again:  # router unreachable and our queue full: the next beat will do
-            pass
+        # One beat for every router (the pulls it reports are handed out once): a router that is down misses it.
+        send_all(self._links, Heartbeat(worker_id=self.config.worker_id, load=load, seq=self._heartbeat_seq,
+                                        draining=self._draining, transfers=transfers))

@@ -10,6 +10,7 @@ from common.protocol import (
     ErrorReply,
     Heartbeat,
     KvEvents,
+    KvSnapshot,
     RegisterAck,
     RegisterTier,
     RegisterWorker,
@@ -28,7 +29,14 @@ def _router() -> RouterService:
                           endpoint=f"tcp://127.0.0.1:1{wid[-1]}", kv_events=True)
         assert isinstance(svc.handle(wid.encode(), RegisterWorker(request_id=wid, info=info,
                                                                      protocol_version=PROTOCOL_VERSION)), RegisterAck)
+        _snapshot(svc, wid)
     return svc
+
+
+def _snapshot(svc: RouterService, source_id: str) -> None:
+    """The source's answer to the snapshot the router asks for on registration: nothing held, nothing published."""
+    assert svc.handle(source_id.encode(), KvSnapshot(request_id="s", worker_id=source_id, event_id=-1,
+                                                     tier_blocks=())) is None
 
 
 def _tier_events(event_id: int, *events) -> KvEvents:
@@ -46,6 +54,7 @@ def test_tier_blocks_count_for_every_worker() -> None:
     ack = svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
     assert ack == RegisterAck(request_id="r", worker_id="kvtier-0", events_endpoint="tcp://127.0.0.1:9")
+    _snapshot(svc, "kvtier-0")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(11, 12, 13), parent_hash=None, tier="host")))
     svc._apply_events(_tier_events(1, BlockStored(block_hashes=(14,), parent_hash=None, tier="disk")))
     assert svc._overlaps(hashes) == {"w0": TierOverlap(1, 3, 4), "w1": TierOverlap(0, 3, 4)}
@@ -55,6 +64,7 @@ def test_tier_heartbeat_and_expiry() -> None:
     svc = _router()
     svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
+    _snapshot(svc, "kvtier-0")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21, 22), parent_hash=None, tier="host")))
     assert svc.handle(b"tier", Heartbeat(worker_id="kvtier-0", load=WorkerLoad())) is None
     assert isinstance(svc.handle(b"x", Heartbeat(worker_id="nobody", load=WorkerLoad())), ErrorReply)
@@ -66,5 +76,6 @@ def test_tier_heartbeat_and_expiry() -> None:
     assert svc._overlaps([21, 22]) == {}
     svc.handle(b"tier", RegisterTier(request_id="r2", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
+    _snapshot(svc, "kvtier-0")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21,), parent_hash=None, tier="host")))
     assert svc._overlaps([21, 22]) == {"w0": TierOverlap(0, 1, 1), "w1": TierOverlap(0, 1, 1)}

@@ -162,8 +162,9 @@ def test_gap_then_snapshot_rebuilds_and_replays() -> None:
     index.apply_events(batch("a", 1, stored([900])))
     check = index.apply_events(batch("a", 3, stored(REQ[2:4])))  # batch 2 lost
     assert check.needs_snapshot and check.expected_event_id == 2
-    # Held, not applied, until the snapshot arrives.
-    assert index.overlaps(REQ) == {"a": TierOverlap(2, 2, 2)}
+    # Held, not applied, until the snapshot arrives; meanwhile "a" gets no credit at all (fail closed).
+    assert index.overlaps(REQ) == {}
+    assert not index.credited("a")
     held = index.apply_events(batch("a", 4, stored(REQ[4:5])))
     assert held.action == "awaiting_snapshot" and not held.needs_snapshot
     # The snapshot reflects batches 0..2 (batch 2 had removed 900 and stored REQ[2] on host).
@@ -307,3 +308,45 @@ def test_overlaps_match_definition(case: int) -> None:
     expected = {w: _reference_overlap(layout, shared, w, hashes) for w in workers}
     got = index.overlaps(hashes, worker_ids=workers)
     assert got == {w: o for w, o in expected.items() if o.disk}
+
+
+def test_tracker_fail_closed_window() -> None:
+    """Registered, restarted under a new epoch, or after a gap: not credited until the snapshot is loaded;
+    due_snapshots names each such source once, then again only after retry_s."""
+    tracker = EventTracker()
+    tracker.expect_snapshot("a")
+    assert not tracker.credited("a")
+    assert tracker.due_snapshots(now_s=10.0, retry_s=1.0) == ["a"]
+    assert tracker.due_snapshots(now_s=10.5, retry_s=1.0) == []
+    assert tracker.due_snapshots(now_s=11.0, retry_s=1.0) == ["a"]  # the ask or its answer was lost
+    assert tracker.observe("a", 7, epoch=5).action == "awaiting_snapshot"
+    assert not tracker.snapshot_fits("a", epoch=6) and tracker.snapshot_fits("a", epoch=5)
+    tracker.snapshot_loaded("a", 7, epoch=5)
+    assert tracker.credited("a") and tracker.due_snapshots(now_s=20.0, retry_s=1.0) == []
+    assert tracker.observe("a", 8, epoch=5).action == "apply"
+    # The publisher restarted: batch 0 of a new epoch is a clean start (its engine began empty) ...
+    check = tracker.observe("a", 0, epoch=6)
+    assert (check.action, check.new_epoch, tracker.credited("a")) == ("restart", True, True)
+    # ... a new epoch seen mid-stream is not: its earlier batches were missed.
+    check = tracker.observe("a", 3, epoch=9)
+    assert (check.action, check.new_epoch, check.needs_snapshot, tracker.credited("a")) == ("gap", True, True, False)
+    tracker.snapshot_loaded("a", 3, epoch=9)
+    assert tracker.credited("a")
+    assert tracker.observe("a", 9, epoch=9).needs_snapshot and not tracker.credited("a")  # a gap
+
+
+def test_index_fail_closed_until_snapshot() -> None:
+    index = PrefixIndex()
+    index.apply_events(KvEvents(worker_id="a", event_id=0, epoch=1, events=(stored(REQ[:3]),)))
+    assert index.overlaps(REQ) == {"a": TierOverlap(3, 3, 3)}
+    index.expect_snapshot("a")  # the worker re-registered
+    assert index.overlaps(REQ) == {}
+    held = index.apply_events(KvEvents(worker_id="a", event_id=1, epoch=1, events=(stored(REQ[3:4]),)))
+    assert held.action == "awaiting_snapshot" and index.overlaps(REQ) == {}
+    other_epoch = KvSnapshot(request_id="s", worker_id="a", event_id=0, epoch=2, tier_blocks=())
+    assert index.load_snapshot("a", other_epoch).needs_snapshot and index.overlaps(REQ) == {}
+    snap = KvSnapshot(request_id="s", worker_id="a", event_id=0, epoch=1,
+                      tier_blocks=tuple(StoredBlock(h, None, "device") for h in REQ[:3]))
+    result = index.load_snapshot("a", snap)
+    assert (result.num_blocks, result.num_replayed, result.needs_snapshot) == (3, 1, False)
+    assert index.overlaps(REQ) == {"a": TierOverlap(4, 4, 4)} and index.credited("a")

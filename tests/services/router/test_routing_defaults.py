@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from common.hashing import block_hashes
-from common.protocol import PROTOCOL_VERSION, RegisterAck, RegisterWorker, Route, RouteRequest, WorkerInfo, WorkerLoad
+from common.protocol import PROTOCOL_VERSION, KvSnapshot, RegisterAck, RegisterWorker, Route, RouteRequest, WorkerInfo, WorkerLoad
 from services.router.index import TierOverlap
 from services.router.policy import Candidate, PolicyConfig, choose_worker
 from services.router.service import RouterConfig, RouterService
@@ -47,6 +47,9 @@ def _router(pending_ttl_s: float) -> RouterService:
                           endpoint=f"tcp://127.0.0.1:1{i}", kv_events=True)
         assert isinstance(svc.handle(f"w{i}".encode(), RegisterWorker(request_id=f"r{i}", info=info,
                                                                  protocol_version=PROTOCOL_VERSION)), RegisterAck)
+        # Its answer to the snapshot the router asks for on registration (an empty cache).
+        assert svc.handle(f"w{i}".encode(), KvSnapshot(request_id=f"s{i}", worker_id=f"w{i}", event_id=-1,
+                                                       tier_blocks=())) is None
     return svc
 
 
