@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
 from bench.lib.graph import start_graph
+from cli.main import app
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from common.profile import PROFILE_KIND, build_document, fit_timing, load_timing, write_profile
+from common.profile import (
+    PROFILE_KIND,
+    build_document,
+    fit_timing,
+    load_timing,
+    write_profile,
+)
 from common.timing import TimingModel
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import stat
-from dataclasses import replace
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,19 @@ from common.protocol import (
     WorkerList,
     WorkerStats,
 )
-from common.security import SecureContext, load_curve_keys, make_curve_keys, secure_client
+from common.security import (
+    SecureContext,
+    load_curve_keys,
+    make_curve_keys,
+    secure_client,
+)
+from common.timing import TimingModel
 from common.transport import Client, TransportConfig, new_id
 from services.kvtier.service import KvTierConfig, KvTierService
 from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.service import WorkerConfig, WorkerService
-from common.timing import TimingModel
 
 
 @pytest.fixture()

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench.lib.graph import Graph, child_pid, start_graph
 from tests.e2e.test_openai_api import MODEL, client
-from tests.graph import Graph, child_pid, start_graph
 
 
 @pytest.fixture()

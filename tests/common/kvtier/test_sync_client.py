@@ -9,9 +9,9 @@ import time
 import pytest
 
 from cli.launcher import free_port
-from services.kvtier.service import KvTierConfig, KvTierService
 from common.kvtier.client import TierClientConfig
 from common.kvtier.sync_client import SyncTierClient
+from services.kvtier.service import KvTierConfig, KvTierService
 
 BLOCK_BYTES = 1024
 

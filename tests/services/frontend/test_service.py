@@ -10,11 +10,11 @@ import threading
 
 import structlog
 
+from bench.lib.graph import tiny_model_dir
 from cli.ports import free_port
 from services.frontend.http import HttpConfig
 from services.frontend.pipeline import PipelineConfig
 from services.frontend.service import FrontendConfig, FrontendService
-from bench.lib.graph import tiny_model_dir
 from tests.services.frontend.http_client import WAIT_S, Reply, connect, read_reply
 
 MODEL = "tiny"

@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
+from common.kvtier.client import FetchedBlock, TierClient, TierClientConfig
 from common.protocol import SamplingParams
+from common.timing import TimingModel
 from services.kvtier.service import KvTierConfig, KvTierService
 from services.worker.engine import EngineRequest
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from common.timing import TimingModel
-from common.kvtier.client import FetchedBlock, TierClient, TierClientConfig
 
 BS, KV_PER_TOKEN = 16, 64  # 1 KiB blocks
 

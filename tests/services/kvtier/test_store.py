@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from common.protocol import TierBlock
-from common.nixl import make_nixl_agent
-from services.kvtier.store import BlockStore
 from common.kvtier.transfer import InlineTransfer, checksum
+from common.nixl import make_nixl_agent
+from common.protocol import TierBlock
+from services.kvtier.store import BlockStore
 
 BLOCK = 4096
 _names = itertools.count()

@@ -8,7 +8,13 @@ import pytest
 
 from common.protocol import WorkerInfo, WorkerList, WorkerLoad
 from services.frontend.metrics import FrontendMetrics
-from services.planner.observe import bucket_delta, merge, observe, parse_metrics, quantile
+from services.planner.observe import (
+    bucket_delta,
+    merge,
+    observe,
+    parse_metrics,
+    quantile,
+)
 
 
 @pytest.mark.parametrize("buckets, q, expected", [

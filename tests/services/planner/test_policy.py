@@ -6,8 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from services.planner.policy import (
+    ModelTarget,
+    Observation,
+    PlannerConfig,
+    PlannerState,
+    decide,
+)
 from services.planner.workload import Slo
-from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, decide
 
 CONFIG = PlannerConfig(slo=Slo(ttft_ms=1000, itl_ms=100), max_prefill=4, max_decode=4, max_workers=6,
                        down_after_intervals=3)

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from common.timing import TimingModel
-from services.planner.profile import load_plan_inputs, options_from_profile, with_serving_overheads
+from services.planner.profile import (
+    load_plan_inputs,
+    options_from_profile,
+    with_serving_overheads,
+)
 from services.planner.workload import PlanOptions
 
 

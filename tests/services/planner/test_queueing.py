@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from services.planner.queueing import ceil_div, mg1_max_rate, mg1_wait_quantile_s, mg1_wait_s, smallest_workers
+from services.planner.queueing import (
+    ceil_div,
+    mg1_max_rate,
+    mg1_wait_quantile_s,
+    mg1_wait_s,
+    smallest_workers,
+)
 
 
 def test_mg1_wait_is_md1_for_fixed_service_and_inf_when_saturated() -> None:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.planner.workload import Slo
-from services.planner.policy import Observation, PlannerConfig, PoolDecision
-from services.planner.service import Pending, PlannerService, PlannerServiceConfig, hold_pending, model_target
 from common.timing import TimingModel
+from services.planner.policy import Observation, PlannerConfig, PoolDecision
+from services.planner.service import (
+    Pending,
+    PlannerService,
+    PlannerServiceConfig,
+    hold_pending,
+    model_target,
+)
+from services.planner.workload import Slo
 
 SLO = Slo(ttft_ms=1000, itl_ms=100)
 OBS = Observation(duration_s=5, num_finished=50, arrival_rate_rps=10, isl_mean=512, osl_mean=64, ttft_p90_ms=600,

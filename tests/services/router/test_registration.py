@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from common.errors import RegistrationRefused
-from common.protocol import PROTOCOL_VERSION, ErrorReply, RegisterAck, RegisterTier, RegisterWorker, WorkerInfo
+from common.protocol import (
+    PROTOCOL_VERSION,
+    ErrorReply,
+    RegisterAck,
+    RegisterTier,
+    RegisterWorker,
+    WorkerInfo,
+)
 from services.router.registry import check_protocol_version
 from services.router.service import RouterConfig, RouterService
 

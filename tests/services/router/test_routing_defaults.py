@@ -11,7 +11,16 @@ from __future__ import annotations
 import random
 
 from common.hashing import block_hashes
-from common.protocol import PROTOCOL_VERSION, KvSnapshot, RegisterAck, RegisterWorker, Route, RouteRequest, WorkerInfo, WorkerLoad
+from common.protocol import (
+    PROTOCOL_VERSION,
+    KvSnapshot,
+    RegisterAck,
+    RegisterWorker,
+    Route,
+    RouteRequest,
+    WorkerInfo,
+    WorkerLoad,
+)
 from services.router.index import TierOverlap
 from services.router.policy import Candidate, PolicyConfig, choose_worker
 from services.router.service import RouterConfig, RouterService

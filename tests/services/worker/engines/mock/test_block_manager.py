@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from common.hashing import block_hashes
-from services.worker.engines.mock.block_manager import BlockManager, BlocksRemoved, BlocksStored, Match
+from services.worker.engines.mock.block_manager import (
+    BlockManager,
+    BlocksRemoved,
+    BlocksStored,
+    Match,
+)
 
 BS = 4
 

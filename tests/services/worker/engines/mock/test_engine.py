@@ -11,12 +11,12 @@ import pytest
 from common.errors import EngineError
 from common.hashing import block_hashes
 from common.protocol import SamplingParams
+from common.timing import TimingModel
 from services.worker.engine import Engine, EngineOutput, EngineRequest
 from services.worker.engines.mock.block_manager import BlocksStored
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.engines.mock.tokens import next_token_id
-from common.timing import TimingModel
 
 FAST = TimingModel(speedup=math.inf)
 PROMPT = tuple(range(100, 137))  # 37 tokens: 2 full blocks of 16 and a partial one

@@ -13,7 +13,12 @@ from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.engines.mock.sampling import check_supported, next_token
 from services.worker.engines.mock.tokens import next_token_id
-from tests.services.worker.engines.mock.test_engine import PROMPT, _collect, _config, _tokens
+from tests.services.worker.engines.mock.test_engine import (
+    PROMPT,
+    _collect,
+    _config,
+    _tokens,
+)
 
 CONFIG = MockEngineConfig(vocab_size=1000)
 SEQ = (5, 6, 7, 8)

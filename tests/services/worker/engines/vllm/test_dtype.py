@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.engines.vllm.dtype import DtypeChoice, choose_dtype, cpu_has_fast_bf16
+from services.worker.engines.vllm.dtype import (
+    DtypeChoice,
+    choose_dtype,
+    cpu_has_fast_bf16,
+)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,10 @@ class SmokeEngine:
     """One engine process spoken to with JSON lines."""
 
     def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str, log_dir: Path) -> None:
-        from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
+        from services.worker.engines.vllm.config import (
+            VllmEngineConfig,
+            engine_process_env,
+        )
 
         port = _free_port()
         config = VllmEngineConfig(

@@ -21,7 +21,8 @@ def _stored(hashes, parent, tokens, block_size=4):
 
 
 def test_stored_blocks_chain_onto_their_parent() -> None:
-    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved as VllmRemoved
+    from vllm.distributed.kv_events import AllBlocksCleared
+    from vllm.distributed.kv_events import BlockRemoved as VllmRemoved
 
     tokens = list(range(100, 116))  # 4 blocks of 4
     expected = block_hashes(tokens, 4, seed=7)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
-from common.errors import EngineError
 from msgspec.structs import replace
 
+from common.errors import EngineError
 from common.protocol import KvTransferParams, SamplingParams
 from services.worker.engine import EngineRequest
 
@@ -33,7 +32,10 @@ VLLM_PREFILL_PARAMS = {
 
 
 def test_prefill_params_round_trip_to_decode_params() -> None:
-    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+    from services.worker.engines.vllm.params import (
+        decode_kv_params,
+        kv_params_from_vllm,
+    )
 
     kv = kv_params_from_vllm(VLLM_PREFILL_PARAMS, kv_bytes_per_block=1000)
     assert kv.remote_block_ids == (4, 9, 2) and kv.num_bytes == 3000
@@ -51,7 +53,10 @@ def test_prefill_params_round_trip_to_decode_params() -> None:
 ])
 def test_prefill_params_carry_the_advertised_side_channel_host(vllm_host: str, advertise_host: str,
                                                               expected: str) -> None:
-    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+    from services.worker.engines.vllm.params import (
+        decode_kv_params,
+        kv_params_from_vllm,
+    )
 
     kv = kv_params_from_vllm({**VLLM_PREFILL_PARAMS, "remote_host": vllm_host}, 1000, advertise_host)
     assert kv.remote_host == expected and kv.remote_port == 15611
@@ -59,7 +64,10 @@ def test_prefill_params_carry_the_advertised_side_channel_host(vllm_host: str, a
 
 
 def test_bad_prefill_params() -> None:
-    from services.worker.engines.vllm.params import decode_kv_params, kv_params_from_vllm
+    from services.worker.engines.vllm.params import (
+        decode_kv_params,
+        kv_params_from_vllm,
+    )
 
     with pytest.raises(EngineError, match="NixlConnector"):
         kv_params_from_vllm(None, 1)

@@ -10,7 +10,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiKVConnectorStats,  # noqa: E402
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats  # noqa: E402
 from vllm.v1.metrics.stats import SchedulerStats  # noqa: E402
 

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
+from common.kvtier.sync_client import SyncTierClient
 from services.kvtier.service import KvTierService
 from services.worker.engines.vllm.tier.layout import KvLayout
 from services.worker.engines.vllm.tier.nixl import NixlOnboarder
-from common.kvtier.sync_client import SyncTierClient
 from tests.common.kvtier.test_sync_client import _client, kvtier_service
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("nixl") is None, reason="nixl not installed")
