@@ -91,8 +91,10 @@ def load_curve_keys(keys_dir: Path) -> CurveKeys:
     if len(secrets) != 1:
         raise SplitserveError(f"{keys_dir} must hold exactly one *.key_secret (this service's), found {len(secrets)}")
     secret_path = secrets[0]
-    if secret_path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SplitserveError(f"{secret_path} is readable by others: chmod 600 it")
+    # Others may not read it, nor the group write it. Group read is allowed: a Kubernetes Secret volume gives its
+    # files to the pod's fsGroup (defaultMode 0440), the only way a non-root pod reads a root-owned secret file.
+    if secret_path.stat().st_mode & (stat.S_IRWXO | stat.S_IWGRP):
+        raise SplitserveError(f"{secret_path} is readable by others: chmod 600 it (0640 at most)")
     try:
         public, secret = zmq.auth.load_certificate(secret_path)
         server_keys = {p.stem: zmq.auth.load_certificate(p)[0] for p in sorted((keys_dir / "servers").glob("*.key"))}

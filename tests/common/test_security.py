@@ -67,6 +67,8 @@ def test_keys_make_writes_per_service_keys_secrets_0600(tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "worker" / "servers").iterdir()) == ["kvtier.key", "router.key"]
     keys = load_curve_keys(out / "worker")
     assert keys.service == "worker" and set(keys.server_keys) == {"router", "kvtier"}
+    (out / "worker" / "worker.key_secret").chmod(0o640)  # group read: a Kubernetes Secret volume with fsGroup
+    assert load_curve_keys(out / "worker").service == "worker"
     (out / "worker" / "worker.key_secret").chmod(0o644)
     with pytest.raises(SplitserveError, match="readable by others"):
         load_curve_keys(out / "worker")

@@ -6,10 +6,10 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+
+from bench.lib.graph import wait_until  # noqa: F401  (re-exported for the container tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make containers-setup` imports it (debootstrap bookworm): no image registry is needed.
@@ -79,15 +79,6 @@ def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
 
 
 def metric(text: str, name: str) -> float:

@@ -22,6 +22,7 @@ import copy
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -175,14 +176,14 @@ def for_kube_play(docs: list[dict], image: str, port: int, keys: Path) -> list[d
 def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
     tag = f"sskube{os.getpid()}"
     port = free_port()
-    # The Secret's layout (items) on disk, readable by the pods' user: test keys in a temporary directory.
+    # The Secret's layout on disk, as the pods' user (10001) would get it: each service's own directory of `keys
+    # make` (its keypair, servers/, clients/), owned by that user, secrets 0600. The whole tree is mounted; each
+    # pod's --curve-dir picks its service's directory, as it does with the Secret's items.
     mounted = tmp_path_factory.mktemp("curve")
-    for key, path in {"server.key": "server.key", "server.key_secret": "server.key_secret",
-                      "client.key_secret": "client.key_secret", "clients/client.key": "clients/client.key"}.items():
-        (mounted / path).parent.mkdir(parents=True, exist_ok=True)
-        (mounted / path).write_bytes((keys / key).read_bytes())
+    shutil.copytree(keys, mounted, dirs_exist_ok=True)
     for path in [mounted, *mounted.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+        os.chown(path, 10001, 10001)
+        path.chmod(0o755 if path.is_dir() else (0o600 if path.name.endswith("_secret") else 0o644))
     docs = for_kube_play(build(KUBE / "overlays" / "mock", keys), mock_image, port, mounted)
     play = tmp_path_factory.mktemp("kube") / "play.yaml"
     play.write_text(yaml.safe_dump_all(docs, sort_keys=False))
@@ -195,7 +196,7 @@ def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
         result = podman("kube", "play", "--network", network, str(play), timeout_s=300)
         assert result.returncode == 0, f"kube play failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         url = f"http://127.0.0.1:{port}"
-        ready = wait_until(lambda: http_get(url + "/health")[0] == 200, READY_TIMEOUT_S)
+        ready = wait_until(lambda: http_get(url + "/health")[0] == 200, READY_TIMEOUT_S, interval_s=0.5)
         if not ready:
             logs = {n: podman("logs", "--tail", "15", n).stderr[-1200:] for n in
                     podman("ps", "-a", "--filter", "label=app.kubernetes.io/name=splitserve", "--format",
@@ -223,9 +224,9 @@ def test_kube_play_serves_a_request_through_the_frontend_pod(played: str) -> Non
     # The pods run as the manifests say: non-root, with the CURVE keys from the Secret mounted read-only.
     decode = "splitserve-decode-pod-0-worker"
     assert podman("exec", decode, "id", "-u", check=True).stdout.strip() == "10001"
-    listing = podman("exec", decode, "ls", "/etc/splitserve/curve", "/etc/splitserve/curve/clients",
+    listing = podman("exec", decode, "ls", "/etc/splitserve/curve/worker", "/etc/splitserve/curve/worker/clients",
                      check=True).stdout
-    assert "server.key_secret" in listing and "client.key" in listing
+    assert "worker.key_secret" in listing and "frontend.key" in listing
 
 
 def test_load_docs_reads_every_file(keys: Path) -> None:
