@@ -41,7 +41,7 @@ from common.protocol.kvtier import (
     TierStore,
     TierStored,
 )
-from common.protocol.planner import ScaleRequest
+from common.protocol.planner import RoleSet, ScaleRequest, SetRole
 from common.protocol.requests import (
     Abort,
     Generate,
@@ -90,11 +90,13 @@ __all__ = [
     "RegisterTier",
     "RegisterWorker",
     "Role",
+    "RoleSet",
     "Route",
     "RouteRequest",
     "SamplingParams",
     "StructuredOutput",
     "ScaleRequest",
+    "SetRole",
     "StoredBlock",
     "Tier",
     "TierBlock",
@@ -141,6 +143,8 @@ Message = Union[
     TierBlocks,
     TierStats,
     ScaleRequest,
+    SetRole,
+    RoleSet,
     ErrorReply,
 ]
 

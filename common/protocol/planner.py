@@ -22,3 +22,34 @@ class ScaleRequest(Msg, frozen=True):
     reason: str = ""
     # Seconds since the epoch when decided (orchestrators ignore stale requests after a restart).
     time_s: float = 0.0
+
+
+# ------------------------------------------------------------------- planner -> router: roles switched in place
+
+
+class SetRole(Msg, frozen=True):
+    """Move a running worker to another pool in place (planner or operator -> router, on its ROUTER socket).
+
+    Only a worker whose engine serves both sides of P/D (``WorkerInfo.switchable``) can move. The router stops
+    giving it work of the old role at once, lets the old role's requests on it finish (KV already pulled from it
+    is still served) and gives it new work of ``role``. The worker is told, so a router that (re)starts learns the
+    role from the worker's registration. Answered with ``RoleSet``.
+    """
+
+    request_id: str
+    worker_id: str
+    role: Role  # "prefill" or "decode"
+    reason: str = ""
+
+
+class RoleSet(Msg, frozen=True):
+    """The router's answer to ``SetRole``: the worker's role now, or why it did not move."""
+
+    request_id: str
+    worker_id: str
+    role: Role
+    ok: bool
+    # Why refused ("unknown worker", "not switchable", "last worker of its pool", ...); "" when ok.
+    reason: str = ""
+    # From the router taking the decision to the worker serving its new role, seconds (0 when refused).
+    seconds: float = 0.0

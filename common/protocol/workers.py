@@ -96,6 +96,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # Random per process start: a restarted worker keeps its worker_id but not this, so a frontend migrating
     # away from a dead worker excludes that process, never its successor.
     instance_id: str = ""
+    # The engine serves either side of P/D (vLLM kv_both, the mock engine): the router may move it between the
+    # prefill and decode pools in place (SetRole) instead of the planner restarting it.
+    switchable: bool = False
 
 
 class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
