@@ -37,6 +37,7 @@ Writes (merges per workload into) bench/results/routing.json and prints a summar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -109,6 +110,12 @@ def run_one(w: Workload, policy: str, args: argparse.Namespace, num_blocks: int 
     return out
 
 
+def _router_defaults(config: PolicyConfig) -> dict[str, Any]:
+    """The kv policy's knobs as this run's router had them (the cost config's topology left out)."""
+    cost = {k: v for k, v in dataclasses.asdict(config.cost).items() if k != "topology"}
+    return {**{k: v for k, v in dataclasses.asdict(config).items() if k != "cost"}, "cost": cost}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default="shared,zipf,multiturn", help="shared,zipf,multiturn,vllm,vllm-pressure,vllm-tier")
@@ -158,33 +165,36 @@ def main() -> int:
         w = build(all_workloads[name], vocab)
         if args.policies:
             w.policies = tuple(args.policies.split(","))
+        wargs = argparse.Namespace(**{**vars(args), **w.graph})  # the workload's fixed graph settings win
         if w.engine == "mock":
-            num_blocks, why = mock_num_blocks(w, int(args.prefixes_per_worker), args.block_size)
-            if args.num_blocks:
-                num_blocks, why = args.num_blocks, f"--num-blocks {args.num_blocks} (override; computed: {why})"
+            num_blocks, why = mock_num_blocks(w, int(args.prefixes_per_worker), wargs.block_size)
+            if wargs.num_blocks:
+                fixed = "the workload's" if "num_blocks" in w.graph else "--num-blocks"
+                num_blocks, why = wargs.num_blocks, f"{wargs.num_blocks} ({fixed}; computed: {why})"
         else:
             num_blocks = args.vllm_num_blocks or None
             why = f"{num_blocks} (--vllm-num-blocks)" if num_blocks else "vLLM default (from --kv-cache-gib 1)"
         stream = stream_of(w, answer_tokens if w.engine == "mock" else None)
-        ceiling = reuse_ceiling(stream, args.block_size)
+        ceiling = reuse_ceiling(stream, wargs.block_size)
         conditions = results_conditions(
             "routing", model="tiny (embedded Llama, vocab 8192)" + (
-                f"; mock timing = default TimingModel (~100M model on 2 CPU cores) / speedup {args.speedup}"
+                f"; mock timing = default TimingModel (~100M model on 2 CPU cores) / speedup {wargs.speedup}"
                 if w.engine == "mock" else "; real vLLM on CPU, float32, prefix caching on; the workers "
                 "publish KV events (exact-mode routing)"),
-            block_size=args.block_size, num_blocks_per_worker=num_blocks, num_blocks_why=why,
+            block_size=wargs.block_size, num_blocks_per_worker=num_blocks, num_blocks_why=why,
             prefill_decode_workers="aggregated (no prefill pool), no transfers",
             transfer_backend="none (aggregated)", policies=list(w.policies), repeats=args.repeats,
             order="interleaved: " + " ".join(list(w.policies) * args.repeats) + ", fresh graph (cold caches) each",
             router_prefill_weight=args.prefill_weight if args.prefill_weight is not None else defaults.prefill_weight,
             router_busy_threshold=args.busy_threshold if args.busy_threshold is not None else defaults.busy_threshold,
-            kvtier=args.kvtier, workload=w.describe(), note=args.note)
+            router_defaults=_router_defaults(defaults), kvtier=args.kvtier, workload=w.describe(),
+            goals=w.goals or report.GOALS, note=args.note)
         print(f"== {name}: {json.dumps(w.describe())}\n   num_blocks {why}; reuse ceiling {ceiling:.4f}", flush=True)
         runs: list[dict[str, Any]] = []
 
         def save(complete: bool) -> dict[str, Any]:
             """Written after every run, so a cut-short invocation still leaves the runs it finished."""
-            agg = report.summary(runs, w.policies, ceiling)
+            agg = report.summary(runs, w.policies, ceiling, w.goals)
             agg["complete"] = complete
             results["workloads"][name + args.tag] = {"conditions": conditions, "summary": agg, "runs": runs}
             write_result(args.out, results)
@@ -193,7 +203,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="routing-") as tmp:
             for rep in range(args.repeats):
                 for policy in w.policies:
-                    run = run_one(w, policy, args, num_blocks, answer_tokens, Path(tmp))
+                    run = run_one(w, policy, wargs, num_blocks, answer_tokens, Path(tmp))
                     run["repeat"] = rep
                     runs.append(run)
                     print(f"   {policy:12s} rep {rep}: reuse {run['reuse']} (2nd half {run['reuse_second_half']}) "

@@ -39,6 +39,10 @@ class Workload:
     num_turns: int = 1
     policies: tuple[str, ...] = ("kv", "round-robin", "random")
     seed: int = 0
+    # Graph settings this workload fixes, over the command line's (block_size, speedup, num_blocks).
+    graph: dict[str, Any] = field(default_factory=dict)
+    # Its goals (bench/routing_report.py GOALS when empty).
+    goals: dict[str, float] = field(default_factory=dict)
     # Filled by build():
     prompts: list[list[int]] = field(default_factory=list)  # single-turn requests
     sessions: list[list[list[int]]] = field(default_factory=list)  # per session, per turn: new user tokens
@@ -152,12 +156,27 @@ def mock_num_blocks(w: Workload, prefixes_per_worker: int, block_size: int) -> t
     return num, why
 
 
+# Issue 16's cache-limited deployment: 6 aggregated workers, block 64, 12 prefixes of which each worker has room
+# for ~3 (96 blocks at ISL 1,550; scaled with the prompt at ISL 4,000), 720 requests at concurrency 18, mock
+# timing / 8. Its sizes are fixed (not the command line's): the goals are about this shape.
+ISSUE16_GOALS = {"reuse_min": 0.85, "ttft_p50_ratio_vs_round_robin_max": 0.5, "ttft_p99_ratio_vs_round_robin_max": 1.0}
+
+
+def _limited(name: str, prefix_tokens: int, num_blocks: int, zipf_s: float = 0.0) -> Workload:
+    return Workload(name, num_workers=6, num_prefixes=12, prefix_tokens=prefix_tokens, suffix_tokens=50,
+                    output_tokens=16, num_requests=720, concurrency=18, zipf_s=zipf_s, policies=("kv", "round-robin"),
+                    graph={"block_size": 64, "speedup": 8.0, "num_blocks": num_blocks}, goals=ISSUE16_GOALS)
+
+
 def workloads(args: argparse.Namespace) -> dict[str, Workload]:
-    """Every preset by name, sized by the command line."""
+    """Every preset by name, sized by the command line (the limited-* presets fix their own sizes)."""
     common = dict(num_requests=args.requests, concurrency=args.concurrency, prefix_tokens=args.prefix_tokens,
                   suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens, num_prefixes=args.prefixes,
                   num_workers=args.workers)
     return {
+        "limited": _limited("limited", 1500, 96),
+        "limited-zipf": _limited("limited-zipf", 1500, 96, zipf_s=1.1),
+        "limited-isl4k": _limited("limited-isl4k", 3950, 248),
         "shared": Workload("shared", **common),
         "zipf": Workload("zipf", zipf_s=1.1, **common),
         "multiturn": Workload("multiturn", num_sessions=args.sessions, num_turns=args.turns, **common),

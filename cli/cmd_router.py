@@ -39,6 +39,8 @@ def router(
     metrics_host: str = MetricsHost,
     prefill_weight: Optional[float] = typer.Option(None, help="kv cost: weight of blocks to prefill vs active "
                                                    "decode blocks (default: PolicyConfig's)"),
+    queue_weight: Optional[float] = typer.Option(None, help="kv cost: weight of a worker's queued prefill "
+                                                 "against the prompt's own (default: PolicyConfig's)"),
     busy_threshold: Optional[float] = typer.Option(None, help="kv: skip workers with more of their KV in use "
                                                    "than this fraction (default: PolicyConfig's)"),
     cost_profile: Optional[Path] = typer.Option(None, help="kv: seed the prefill rate and the same-node link "
@@ -89,6 +91,7 @@ def router(
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
                                               cost=cost,
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),
+                                                                   ("queue_weight", queue_weight),
                                                                    ("busy_threshold", busy_threshold))
                                                  if v is not None}))
     run_service(RouterService(config).run)

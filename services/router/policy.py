@@ -15,10 +15,12 @@ from typing import Literal
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
-from services.router.cost import CostConfig, Site, choose_pair, choose_prefill, local_prefill_s
+from services.router.cost import CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, queued_tokens
 from services.router.index import TierOverlap
 from services.router.topology import Place, Relation, Topology
 
+# Relative difference from the pool's median prefill rate below which a worker's rate is not priced.
+RATE_JITTER = 0.15
 PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
 # lowest_cost / sampled: kv policy at temperature 0 / above 0; the others name their policy.
 ChoiceReason = Literal["lowest_cost", "sampled", "round_robin", "random", "least_loaded"]
@@ -46,6 +48,10 @@ class PolicyConfig:
     # vs a 0.958 ceiling). 16 keeps each prefix on its worker until that worker carries ~15 requests more
     # (reuse 0.876 at 4, 0.935 at 8, 0.948 at 16, 0.947 at 32; zipf-skewed load likewise peaks at 16).
     prefill_weight: float = 16.0
+    # Weight of the prefill already queued on a worker (its waiting prompt tokens: its last load report plus
+    # what the router sent it since) against this request's own uncached blocks, when the caller knows the
+    # block size. 1: a queued token delays this prompt as much as one of its own; 0: queues unseen.
+    queue_weight: float = 0.25
     # Blocks' worth of prefill a reusable host / disk block saves (a device block saves 1).
     host_credit: float = 0.75
     disk_credit: float = 0.25
@@ -116,11 +122,19 @@ def is_busy(load: WorkerLoad, threshold: float) -> bool:
 
 
 def kv_cost(
-    load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig
+    load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig, block_size: int = 0
 ) -> tuple[float, float]:
-    """(cost, credit): cost = prefill_weight * max(new_blocks - credit, 0) + active decode blocks."""
+    """(cost, credit): cost = prefill_weight * (max(new_blocks - credit, 0) + queue_weight * queued_blocks)
+    + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced)."""
     credit = overlap.credit(config.host_credit, config.disk_credit)
-    return config.prefill_weight * max(num_request_blocks - credit, 0.0) + load.num_active_blocks, credit
+    queue = _queued_blocks(load, config, block_size)
+    return config.prefill_weight * (max(num_request_blocks - credit, 0.0) + queue) + load.num_active_blocks, credit
+
+
+def _queued_blocks(load: WorkerLoad, config: PolicyConfig, block_size: int) -> float:
+    if block_size <= 0 or config.queue_weight == 0:
+        return 0.0
+    return config.queue_weight * queued_tokens(load, config.cost) / block_size
 
 
 def choose_worker(
@@ -130,6 +144,7 @@ def choose_worker(
     config: PolicyConfig,
     rng: random.Random,
     rr_index: int,
+    block_size: int = 0,
 ) -> Choice:
     """One worker from ``candidates`` by ``config.policy``; raises NoWorkerError when there is none.
 
@@ -141,7 +156,7 @@ def choose_worker(
     threshold = config.busy_threshold
     eligible = [c for c in candidates if not is_busy(c.load, threshold)]
     all_busy = not eligible
-    scored = _score(candidates if all_busy else eligible, overlaps, num_request_blocks, config)
+    scored = _score(candidates if all_busy else eligible, overlaps, num_request_blocks, config, block_size)
     best_credit = max(credit for _, credit, _ in scored)
 
     reason: ChoiceReason
@@ -168,24 +183,48 @@ def choose_worker(
 
 
 def _score(
-    pool: Sequence[Candidate], overlaps: Mapping[str, TierOverlap], num_request_blocks: int, config: PolicyConfig
+    pool: Sequence[Candidate], overlaps: Mapping[str, TierOverlap], num_request_blocks: int, config: PolicyConfig,
+    block_size: int = 0,
 ) -> list[tuple[float, float, Candidate]]:
-    """(kv cost, credit, candidate) for each; inlined kv_cost because this runs per worker per route."""
+    """(kv cost, credit, candidate) for each; inlined kv_cost because this runs per worker per route.
+
+    With ``block_size`` the cost is seconds in disguise: each worker's cost is scaled by the pool's typical
+    prefill rate over its own (``rate_scales``), so blocks are priced at the speed of the worker that computes them.
+    """
     weight, host_credit, disk_credit = config.prefill_weight, config.host_credit, config.disk_credit
     no_overlap_cost = weight * max(num_request_blocks, 0)  # most workers hold none of the prompt
+    scales = rate_scales([c.load for c in pool]) if block_size else None
     out = []
     append = out.append
     get = overlaps.get
-    for candidate in pool:
+    for n, candidate in enumerate(pool):
+        load = candidate.load
+        queue = weight * _queued_blocks(load, config, block_size) if block_size else 0.0
         overlap = get(candidate.worker_id)
         if overlap is None:
-            append((no_overlap_cost + candidate.load.num_active_blocks, 0.0, candidate))
-            continue
-        credit = overlap.credit(host_credit, disk_credit)
-        uncached = num_request_blocks - credit
-        prefill = weight * uncached if uncached > 0 else 0.0
-        append((prefill + candidate.load.num_active_blocks, credit, candidate))
+            credit, prefill = 0.0, no_overlap_cost
+        else:
+            credit = overlap.credit(host_credit, disk_credit)
+            uncached = num_request_blocks - credit
+            prefill = weight * uncached if uncached > 0 else 0.0
+        cost = prefill + queue + load.num_active_blocks
+        append((cost * scales[n] if scales else cost, credit, candidate))
     return out
+
+
+def rate_scales(loads: Sequence[WorkerLoad]) -> list[float] | None:
+    """Per worker: the pool's median measured prefill rate over the worker's own (a worker that measured
+    none is taken at the median). None when no worker measured one (every worker alike). Within
+    RATE_JITTER of the median a worker counts as typical: a measured rate moves by a few percent with each
+    step's decode share, and that noise must not outvote the load tie-break between equal workers."""
+    rates = [load.prefill_tokens_per_s for load in loads]
+    measured = sorted(r for r in rates if 0 < r < math.inf)
+    if not measured:
+        return None
+    mid = len(measured) // 2
+    typical = measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
+    scales = [typical / r if 0 < r < math.inf else 1.0 for r in rates]
+    return [scale if abs(scale - 1.0) > RATE_JITTER else 1.0 for scale in scales]
 
 
 def _sample(costs: list[float], temperature: float, rng: random.Random) -> int:
@@ -244,7 +283,7 @@ class Policy:
             raise NoWorkerError("no decode-capable worker")
         config = self.config
         num_blocks = max(-(-num_prompt_tokens // block_size), len(hashes))  # ceil: a partial block is work
-        decode = choose_worker(decode_candidates, overlaps, num_blocks, config, self._rng, self._rr_decode)
+        decode = choose_worker(decode_candidates, overlaps, num_blocks, config, self._rng, self._rr_decode, block_size)
         self._rr_decode += 1
         kv = config.policy == "kv"
         if kv and config.temperature == 0:
