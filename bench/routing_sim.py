@@ -120,7 +120,7 @@ def workload(cfg: SimConfig, vocab: int = 8192) -> list[list[int]]:
 
 
 def simulate(cfg: SimConfig, policy_config: PolicyConfig,
-             prompts: list[list[int]] | None = None) -> SimResult:
+             prompts: list[list[int]] | None = None, decode_pending: bool = True) -> SimResult:
     prompts = prompts if prompts is not None else workload(cfg)
     timing = TimingModel(speedup=cfg.speedup)
     now = 0.0
@@ -176,7 +176,8 @@ def simulate(cfg: SimConfig, policy_config: PolicyConfig,
                     overlaps[wid] = run
             choice = policy.choose_route(hashes, len(prompt), cfg.block_size, cands, [], overlaps)
             wid = choice.decode_worker_id
-            registry.note_routed(wid, max(len(prompt) - choice.num_cached_tokens_predicted, 0))
+            registry.note_routed(wid, max(len(prompt) - choice.num_cached_tokens_predicted, 0),
+                                 len(prompt) if decode_pending else 0)
             pending.record(wid, hashes)
             routed_to[wid] += 1
             rid = f"r{i}"

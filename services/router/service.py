@@ -42,7 +42,7 @@ from services.router.defaults import ROUTER_ENDPOINT
 from services.router.event_watch import EventWatch
 from services.router.index import PrefixIndex, TierOverlap
 from services.router.metrics import RouterMetrics
-from services.router.policy import Candidate, Policy, PolicyConfig
+from services.router.policy import Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
 from services.router.remote_tier import remote_tier
 from services.router.topology import Place, Topology
@@ -219,12 +219,12 @@ class RouterService:
 
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
-        decode = self._candidates(req.model, DECODE_ROLES, req)
+        decode = self.registry.candidates(req.model, DECODE_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
         if not decode:
             self.metrics.routes_failed.inc()
             return ErrorReply(request_id=req.request_id, code="no_worker",
                               message=f"no decode-capable worker serves model {req.model!r}")
-        prefill = self._candidates(req.model, PREFILL_ROLES, req)
+        prefill = self.registry.candidates(req.model, PREFILL_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
         entry = self.registry.get(decode[0].worker_id)
         assert entry is not None
         block_size, seed = entry.info.block_size, entry.info.hash_seed
@@ -236,7 +236,7 @@ class RouterService:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
         num_uncached = max(len(req.token_ids) - choice.num_cached_tokens_predicted, 0)
         local = choice.prefill_worker_id is None
-        self.registry.note_routed(choice.decode_worker_id, num_uncached if local else 0)
+        self.registry.note_routed(choice.decode_worker_id, num_uncached if local else 0, len(req.token_ids))
         if hashes:
             self.event_watch.routed(choice.decode_worker_id)
         self._note_approx(choice.decode_worker_id, hashes)
@@ -260,15 +260,6 @@ class RouterService:
         log.info("kvtier_remote_named", worker_id=entry.info.worker_id, tier_id=pick.tier.tier_id,
                  num_blocks=pick.num_extra_blocks, seconds_saved=round(pick.seconds_saved, 4))
         return pick.tier.endpoint
-
-    def _candidates(self, model: str, roles: frozenset, req: RouteRequest) -> list[Candidate]:
-        return [
-            Candidate(worker_id=e.info.worker_id, load=self.registry.effective_load(e), node=e.info.node,
-                      zone=e.info.zone, kv_bytes_per_token=e.info.kv_bytes_per_token)
-            for e in self.registry.workers(model, roles)
-            if e.info.worker_id not in req.exclude_worker_ids and not e.draining
-            and not (e.info.instance_id and e.info.instance_id in req.exclude_instance_ids)
-        ]
 
     def _learn_links(self, worker_id: str, samples: tuple[TransferSample, ...]) -> None:
         """Feed a decode worker's pulls to the link from each source's node to its own. A source the
