@@ -36,3 +36,29 @@ def test_routed_requests_and_tokens_count_until_the_next_report(reported: Worker
     registry.report("w", reported, now_s=2.0)
     entry = registry.get("w")
     assert entry is not None and registry.effective_load(entry) == reported
+
+
+def test_routed_contexts_count_as_active_blocks_until_the_next_report() -> None:
+    registry = _registry(WorkerLoad(num_active_blocks=10, num_free_blocks=8, num_total_blocks=10))
+    registry.note_routed("w", 40, num_decode_tokens=100)  # 100 tokens of context at block 16: 7 blocks
+    registry.note_routed("w", 500)  # prefilled here, decoded elsewhere: no decode blocks
+    entry = registry.get("w")
+    assert entry is not None
+    load = registry.effective_load(entry)
+    # Free blocks stay as reported: a prefix hit takes blocks the report counted free (evictable).
+    assert (load.num_active_blocks, load.num_free_blocks, load.num_waiting_tokens) == (17, 8, -1)
+    registry.report("w", WorkerLoad(num_active_blocks=3), now_s=2.0)
+    entry = registry.get("w")
+    assert entry is not None and registry.effective_load(entry).num_active_blocks == 3
+
+
+def test_candidates_skip_excluded_and_draining_workers() -> None:
+    registry = Registry()
+    for wid, instance in (("a", "ia"), ("b", "ib"), ("c", "ic"), ("d", "id")):
+        registry.register(WorkerInfo(worker_id=wid, role="both", model="m", block_size=16, num_blocks=10,
+                                     endpoint="tcp://127.0.0.1:1", instance_id=instance), now_s=0.0)
+    registry.report("d", WorkerLoad(), now_s=1.0, draining=True)
+    registry.note_routed("c", 0, num_decode_tokens=32)
+    chosen = registry.candidates("m", frozenset({"both"}), exclude_worker_ids=("a",), exclude_instance_ids=("ib",))
+    assert [(c.worker_id, c.load.num_active_blocks) for c in chosen] == [("c", 2)]
+    assert registry.candidates("other", frozenset({"both"})) == []
