@@ -55,6 +55,7 @@ class SimConfig:
     # Worker CPU per sequence in a step (engine bookkeeping, one streamed token out): added to the step's
     # simulated time, as the real worker's step loop pays it on top of its sleep.
     cpu_per_seq_s: float = 0.0
+    cpu_per_step_s: float = 0.0  # and per step (the loop, the sleep's wake-up on a busy machine)
     seed: int = 0
 
 
@@ -158,7 +159,7 @@ def simulate(cfg: SimConfig, policy_config: PolicyConfig,
         plan = w.sched.schedule()
         step_s = timing.step_s(plan.num_prefill_tokens, len(plan.decode_seq_ids), plan.num_decode_kv_tokens)
         w.busy = True
-        cpu_s = cfg.cpu_per_seq_s * (len(plan.prefills) + len(plan.decode_seq_ids))
+        cpu_s = cfg.cpu_per_step_s + cfg.cpu_per_seq_s * (len(plan.prefills) + len(plan.decode_seq_ids))
         at(now + step_s + cpu_s, "step", (w.worker_id, plan, step_s))
 
     done = 0
