@@ -328,7 +328,7 @@ class Policy:
             return decode
         config = self.config
         eligible = [c for c in decode_candidates if not is_busy(c.load, config.busy_threshold)] or decode_candidates
-        scored = _score(eligible, overlaps, num_blocks, config)
+        scored = _score(eligible, overlaps, num_blocks, config, block_size)  # priced as choose_worker priced them
         ties = [s for s in scored if s[0] == decode.cost]
         if len(ties) < 2:
             return decode

@@ -23,8 +23,9 @@ KV = PolicyConfig(cost=CostConfig(prefill_tokens_per_s=1000.0, local_prefill_fac
                                   decode_interference_per_stream=0.0, topology=TOPOLOGY))
 
 
-def cand(worker_id: str, node: str = "", zone: str = "", kv: int = 10_000, waiting: int = 0) -> Candidate:
-    load = WorkerLoad(num_waiting=waiting, num_free_blocks=1000, num_total_blocks=1000, num_waiting_tokens=0)
+def cand(worker_id: str, node: str = "", zone: str = "", kv: int = 10_000, waiting: int = 0,
+         queued: int = 0) -> Candidate:
+    load = WorkerLoad(num_waiting=waiting, num_free_blocks=1000, num_total_blocks=1000, num_waiting_tokens=queued)
     return Candidate(worker_id, load, node=node, zone=zone, kv_bytes_per_token=kv)
 
 
@@ -47,6 +48,9 @@ def summary(choice: RouteChoice) -> tuple:
         # Two decode workers of equal kv cost: the one on the prefill worker's node (by id, "da" would win).
         pytest.param([cand("da", "a", "z1"), cand("db", "b", "z1")], [cand("p", "b", "z1")],
                      ("db", "p", "remote", 2.021, "same_node"), id="pair-same-node"),
+        # Same with prefill queued on both decode workers (equal kv cost, queues priced): still paired.
+        pytest.param([cand("da", "a", "z1", queued=320), cand("db", "b", "z1", queued=320)], [cand("p", "b", "z1")],
+                     ("db", "p", "remote", 2.021, "same_node"), id="pair-same-node-queued"),
         # Same, unlabelled (one host): the kv choice as before, by id.
         pytest.param([cand("da"), cand("db")], [cand("p")],
                      ("da", "p", "remote", 2.021, "same_node"), id="one-host-unchanged"),
