@@ -50,7 +50,12 @@ class PolicyConfig:
     prefill_weight: float = 16.0
     # Weight of the prefill already queued on a worker (its waiting prompt tokens: its last load report plus
     # what the router sent it since) against this request's own uncached blocks, when the caller knows the
-    # block size. 1: a queued token delays this prompt as much as one of its own; 0: queues unseen.
+    # block size. 1: a queued token delays this prompt as much as one of its own; 0: queues unseen, and a hot
+    # prefix piled onto one worker (issue 16: zipf TTFT p99 1.15x round-robin's; bench/routing_sim.py: ISL
+    # 4,000 p99 up to 1.4 s). Below 1 because a greedy wait-per-request choice thrashes: a replica costs a cold
+    # prefill and evicts another prefix, and reported queues count waiting prompts whole, cache hits included
+    # (at 1: reuse 0.47-0.72 in the simulation, 0.57 on the uniform workload even with exact queues; 0.1-0.25
+    # kept reuse >= 0.89 with every tail under round-robin's, 0.5 let it slip to 0.83).
     queue_weight: float = 0.25
     # Blocks' worth of prefill a reusable host / disk block saves (a device block saves 1).
     host_credit: float = 0.75
@@ -125,7 +130,8 @@ def kv_cost(
     load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig, block_size: int = 0
 ) -> tuple[float, float]:
     """(cost, credit): cost = prefill_weight * (max(new_blocks - credit, 0) + queue_weight * queued_blocks)
-    + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced)."""
+    + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced). One worker
+    alone: a pool's choice also scales each cost by the worker's prefill rate (``_score``)."""
     credit = overlap.credit(config.host_credit, config.disk_credit)
     queue = _queued_blocks(load, config, block_size)
     return config.prefill_weight * (max(num_request_blocks - credit, 0.0) + queue) + load.num_active_blocks, credit
