@@ -58,7 +58,7 @@ async def _hostile(cfg: HostileConfig, out: Path) -> asyncio.subprocess.Process:
 
 
 async def drive(url: str, frontend_pid: int, phases: list[ev.Phase], bodies: list[dict], num_streams: int,
-                osl: int, hostile_cfg: HostileConfig, tmp: Path) -> dict[str, Any]:
+                osl: int, stagger_s: float, hostile_cfg: HostileConfig, tmp: Path) -> dict[str, Any]:
     """Runs the phases; returns raw observations (sent requests, RSS samples, per-phase CPU/lag/hostile)."""
     loop_end_s = phases[-1].end_s
     sent: list[tuple[float, StreamResult]] = []
@@ -66,7 +66,10 @@ async def drive(url: str, frontend_pid: int, phases: list[ev.Phase], bodies: lis
     client = Client(url)
     counter = iter(range(10**9))
 
-    async def stream_slot() -> None:
+    async def stream_slot(index: int) -> None:
+        # Staggered starts: streams started together stay in step, and every prompt then waits for all 16
+        # prefills batched into one step (a 1 s TTFT that says nothing about the frontend).
+        await asyncio.sleep(index * stagger_s)
         while time.perf_counter() < loop_end_s:
             i = next(counter)
             res = StreamResult()
@@ -104,7 +107,7 @@ async def drive(url: str, frontend_pid: int, phases: list[ev.Phase], bodies: lis
             per_phase[phase.name] = info
 
     try:
-        await asyncio.gather(control(), sample_rss(), *(stream_slot() for _ in range(num_streams)))
+        await asyncio.gather(control(), sample_rss(), *(stream_slot(i) for i in range(num_streams)))
     finally:
         await client.aclose()
     return {"sent": sent, "rss": rss, "per_phase": per_phase}
@@ -134,6 +137,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=16, help="normal streams, closed loop")
     ap.add_argument("--isl", type=int, default=128, help="target prompt tokens of a normal stream")
     ap.add_argument("--osl", type=int, default=64, help="output tokens of a normal stream (ignore_eos)")
+    ap.add_argument("--stagger-s", type=float, default=0.15, help="stream i starts i times this late")
     ap.add_argument("--mock-speedup", type=float, default=1.0)
     ap.add_argument("--frontend-core", type=int, default=1)
     ap.add_argument("--client-core", type=int, default=0, help="this client, the hostile process, router, worker")
@@ -159,7 +163,8 @@ def main() -> None:
                                 num_big_header=args.num_big_header, prompt_bytes=args.prompt_bytes)
     cond = conditions(
         "frontend_hostile", model=model_name, isl_target_tokens=args.isl, osl=args.osl,
-        concurrency=args.streams, pd_split="aggregated: 1 mock worker (role both), no prefill pool",
+        concurrency=args.streams, stream_stagger_s=args.stagger_s,
+        pd_split="aggregated: 1 mock worker (role both), no prefill pool",
         engine=f"mock, default timing (common/timing.py TimingModel) / speedup {args.mock_speedup}",
         mock_timing={**asdict(MockEngineConfig().timing), "speedup": args.mock_speedup},
         router_policy="kv", transfer_backend="none",
@@ -186,8 +191,9 @@ def main() -> None:
         import uvloop
 
         with tempfile.TemporaryDirectory() as tmp:
-            raw = uvloop.run(drive(graph.url, pids["frontend"], phases, bodies, args.streams, args.osl, hostile_cfg,
-                                   Path(tmp)))
+            hostile_cfg = HostileConfig(**{**asdict(hostile_cfg), "port": graph.port})
+            raw = uvloop.run(drive(graph.url, pids["frontend"], phases, bodies, args.streams, args.osl,
+                                   args.stagger_s, hostile_cfg, Path(tmp)))
         if not graph.alive():
             raise SystemExit(f"graph died; see {graph.log_path}")
     finally:
