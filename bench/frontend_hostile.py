@@ -174,6 +174,7 @@ def main() -> None:
         frontend_http_limits=asdict(HttpConfig()) | {"source": "frontend defaults (up passes none)"},
         pinning={"frontend": [args.frontend_core], "client_hostile_router_worker_launcher": [args.client_core]},
         client="bench/lib/client.py (aiohttp) in this process; hostile clients in a child process (raw asyncio)",
+        malloc_env={k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
         phase_assignment="a normal request belongs to the phase it was sent in",
         rss="VmRSS of the frontend process every 0.25 s; before = last sample of baseline-1, after = end of run")
 
