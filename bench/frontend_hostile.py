@@ -96,7 +96,6 @@ async def drive(url: str, frontend_pid: int, phases: list[ev.Phase], bodies: lis
             await asyncio.sleep(max(0.0, phase.end_s - time.perf_counter()))
             info: dict[str, Any] = {}
             if proc is not None:
-                info["hostile_exit_late_s"] = 0.0
                 t = time.perf_counter()
                 await proc.wait()
                 info["hostile_exit_late_s"] = round(time.perf_counter() - t, 3)
