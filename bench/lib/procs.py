@@ -95,3 +95,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024.0
     return 0.0
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cores`` (threads it starts later inherit them); gone threads skipped."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, OSError):
+            continue

@@ -121,6 +121,9 @@ class _Connection(asyncio.Protocol):
         self._server.num_connections -= 1
         self._disarm()
         self._out.clear()
+        # A body cut off mid-way and requests read ahead go now, not when the connection's cycles are collected.
+        self._body = []
+        self._queue.clear()
         self._can_write.set()
         if self._current is not None:
             # The serve task awaits the handler and so takes whatever it ends with (cancellation or an error
@@ -205,8 +208,12 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         path, _, query = self._url.decode("latin-1").partition("?")
         parser = self._parser
+        body = b"".join(self._body)
+        # The chunks go now: a connection lives in reference cycles (parser, tasks) until the garbage collector
+        # runs, and a 7 MB body's chunks held that long kept the memory of every large prompt.
+        self._body = []
         self._enqueue(Request(method=parser.get_method().decode(), path=path, query=query, headers=self._headers,
-                              body=b"".join(self._body), keep_alive=parser.should_keep_alive(),
+                              body=body, keep_alive=parser.should_keep_alive(),
                               http10=parser.get_http_version() == "1.0"))
         if len(self._queue) >= self._config.max_pipelined and self._transport is not None:
             self._transport.pause_reading()
@@ -233,6 +240,8 @@ class _Connection(asyncio.Protocol):
             while not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
+            # Popped as it is answered, and never left in this frame: a cancelled task keeps its frame (and so the
+            # last request's body) in its exception's traceback until the garbage collector runs.
             item = self._queue.popleft()
             if self._paused and not self._stopped and len(self._queue) < self._config.max_pipelined:
                 self._paused = False
@@ -243,6 +252,7 @@ class _Connection(asyncio.Protocol):
                 return
             resp = Response(self, item.keep_alive, head_only=item.method == "HEAD", http10=item.http10)
             self._current = self._loop.create_task(self._server.handler(item, resp))
+            del item
             try:
                 await self._current
             except asyncio.CancelledError:
