@@ -6,6 +6,15 @@ from pathlib import Path
 
 import typer
 
+from cli.http_limits import (
+    BodyTimeoutS,
+    HeaderTimeoutS,
+    HttpLimits,
+    KeepaliveTimeoutS,
+    MaxBodyMib,
+    MaxConnections,
+    MaxHeaderKib,
+)
 from cli.logs import configure_logging
 from cli.options import (
     DEFAULT_ROUTER,
@@ -26,12 +35,15 @@ def frontend(
                                         help="Router endpoint, or several replicas comma-separated (any live one answers)"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
-    max_body_mib: float = typer.Option(8.0, help="Largest request body accepted"),
-    max_header_kib: float = typer.Option(64.0, help="Largest request line + headers (431 beyond)"),
-    header_timeout_s: float = typer.Option(10.0, help="Seconds a client has to send a request's headers"),
-    body_timeout_s: float = typer.Option(30.0, help="Seconds a client has to send a request's body"),
-    keepalive_timeout_s: float = typer.Option(15.0, help="Seconds an idle keep-alive connection stays open"),
-    max_connections: int = typer.Option(4096, help="Open HTTP connections beyond which new ones get 503"),
+    max_body_mib: float = MaxBodyMib,
+    max_header_kib: float = MaxHeaderKib,
+    header_timeout_s: float = HeaderTimeoutS,
+    body_timeout_s: float = BodyTimeoutS,
+    keepalive_timeout_s: float = KeepaliveTimeoutS,
+    max_connections: int = MaxConnections,
+    processes: int = typer.Option(1, min=1, envvar="SPLITSERVE_FRONTEND_PROCESSES",
+                                  help="Frontend processes on --port (SO_REUSEPORT), started and restarted by this "
+                                  "one; with --metrics-port P, process i serves its /metrics on P+i"),
     reuse_port: bool = typer.Option(True, help="SO_REUSEPORT: several frontend processes may share the port"),
     migration_limit: int = typer.Option(3, help="Times a request may move after losing its worker"),
     migration_wait_s: float = typer.Option(30.0, help="Seconds a request that lost its worker waits for a capable "
@@ -50,22 +62,26 @@ def frontend(
     log_json: bool = LogJson,
 ) -> None:
     """Run the OpenAI-compatible HTTP frontend."""
-    from services.frontend.http import HttpConfig
-    from services.frontend.pipeline import PipelineConfig
-    from services.frontend.service import FrontendConfig, FrontendService
+    from cli.frontend_processes import copy_metrics_port, process_index, supervise
 
     configure_logging(log_level, log_json, "frontend")
     validated(model, need_weights=False)  # tokenizer and config only
+    index = process_index()
+    if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
+        raise typer.Exit(supervise(processes))
+    from services.frontend.pipeline import PipelineConfig
+    from services.frontend.service import FrontendConfig, FrontendService
+
+    limits = HttpLimits(max_body_mib=max_body_mib, max_header_kib=max_header_kib, header_timeout_s=header_timeout_s,
+                        body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
+                        max_connections=max_connections)
     config = FrontendConfig(
         model_name=served_model_name or model.resolve().name, model_dir=model,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
                                 migration_wait_s=migration_wait_s,
                                 transport=transport(curve_dir, "frontend")),
-        http=HttpConfig(host=host, port=port, max_body_bytes=int(max_body_mib * 1024 * 1024),
-                        max_header_bytes=int(max_header_kib * 1024), header_timeout_s=header_timeout_s,
-                        body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
-                        max_connections=max_connections, reuse_port=reuse_port),
+        http=limits.http_config(host, port, reuse_port),
         api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,
         open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads,
-        metrics_port=metrics_port, metrics_host=metrics_host)
+        metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host)
     run_service(FrontendService(config).run)

@@ -12,6 +12,15 @@ from typing import Optional
 
 import typer
 
+from cli.http_limits import (
+    BodyTimeoutS,
+    HeaderTimeoutS,
+    HttpLimits,
+    KeepaliveTimeoutS,
+    MaxBodyMib,
+    MaxConnections,
+    MaxHeaderKib,
+)
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
@@ -28,8 +37,9 @@ ROUTING = "Routing"
 KVTIER = "KV tier"
 PLANNER = "Planner"
 NETWORK = "Network"
+FRONTEND = "Frontend HTTP"
 LOGGING = "Logging and metrics"
-PANELS = (ENGINE, POOLS, ROUTING, KVTIER, PLANNER, NETWORK, LOGGING)
+PANELS = (ENGINE, POOLS, ROUTING, KVTIER, PLANNER, NETWORK, FRONTEND, LOGGING)
 
 
 def _in_panel(option, panel: str):
@@ -102,8 +112,16 @@ def up(
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT", help="Frontend's HTTP port (also its /metrics)",
                              rich_help_panel=NETWORK),
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)", rich_help_panel=NETWORK),
-    frontends: int = typer.Option(1, min=1, help="Frontend processes sharing --port (SO_REUSEPORT)",
-                                  rich_help_panel=NETWORK),
+    # Frontend HTTP
+    frontends: int = typer.Option(
+        0, min=0, help="Frontend processes sharing --port (SO_REUSEPORT); 0: as many as fit the free cores (those "
+        "not taken by an engine, a router or the kvtier), at least 1", rich_help_panel=FRONTEND),
+    max_body_mib: float = _in_panel(MaxBodyMib, FRONTEND),
+    max_header_kib: float = _in_panel(MaxHeaderKib, FRONTEND),
+    header_timeout_s: float = _in_panel(HeaderTimeoutS, FRONTEND),
+    body_timeout_s: float = _in_panel(BodyTimeoutS, FRONTEND),
+    keepalive_timeout_s: float = _in_panel(KeepaliveTimeoutS, FRONTEND),
+    max_connections: int = _in_panel(MaxConnections, FRONTEND),
     # Logging and metrics
     log_level: str = _in_panel(LogLevel, LOGGING),
     log_json: bool = _in_panel(LogJson, LOGGING),
@@ -116,7 +134,7 @@ def up(
                                             rich_help_panel=LOGGING),
 ) -> None:
     """Launch a whole local graph (router, workers, frontend) and stop it cleanly on Ctrl-C."""
-    from cli.launcher import GraphSpec, PlannerSpec, launch
+    from cli.launcher import GraphSpec, PlannerSpec, frontends_that_fit, launch
 
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
@@ -127,6 +145,15 @@ def up(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
         max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions,
         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm" else max_prefill + max_decode))
+    num_workers = aggregated or prefill + decode
+    if frontends == 0:
+        # A planner may grow the pools to max_workers: leave their cores to them.
+        frontends = frontends_that_fit(len(os.sched_getaffinity(0)),
+                                       planner_spec.max_workers if planner else num_workers,
+                                       routers + (0 if no_kvtier else 1))
+    limits = HttpLimits(max_body_mib=max_body_mib, max_header_kib=max_header_kib, header_timeout_s=header_timeout_s,
+                        body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
+                        max_connections=max_connections)
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
@@ -137,5 +164,6 @@ def up(
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
-                     planner=planner_spec if planner else None, num_frontends=frontends)
+                     planner=planner_spec if planner else None, num_frontends=frontends,
+                     http_limits=limits)
     raise typer.Exit(launch(spec))

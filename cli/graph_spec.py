@@ -10,6 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.http_limits import HttpLimits
 from cli.ports import free_port
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
@@ -74,6 +75,8 @@ class GraphSpec:
     metrics_sd_file: Path | None = None
     # Frontend processes sharing the HTTP port (SO_REUSEPORT), each its own event loop.
     num_frontends: int = 1
+    # Every frontend's HTTP limits (header bytes, timeouts, connections, body cap).
+    http_limits: HttpLimits = HttpLimits()
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -158,10 +161,22 @@ def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
 def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]]:
     """``num_frontends`` frontends on one port; more than one: each also on a metrics port of its own (on the
     shared port, /metrics answers from whichever process the kernel picked)."""
-    cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port)]
+    cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port),
+           *spec.http_limits.args()]
     if spec.num_frontends <= 1:
         return [cmd]
     return [[*cmd, "--metrics-port", str(free_port())] for _ in range(spec.num_frontends)]
+
+
+def frontends_that_fit(num_cores: int, num_engines: int, num_other_services: int) -> int:
+    """`up --frontends` default: as many frontends as the host's free cores, at least 1.
+
+    ``num_cores``: cores this process may run on (its affinity). Each engine takes one (a vLLM engine is pinned to
+    its own; a mock one is a busy process all the same), and so does each other busy service (router replicas,
+    kvtier); the frontends get what is left. A frontend on a core an engine or the router also needs gains no
+    rate and takes CPU from them.
+    """
+    return max(1, num_cores - num_engines - num_other_services)
 
 
 def planner_command(spec: GraphSpec, router: str, events: str, metrics_urls: list[str] | None = None) -> list[str]:

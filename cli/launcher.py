@@ -27,6 +27,7 @@ from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks im
     PlannerSpec,
     control_plane_cores,
     frontend_commands,
+    frontends_that_fit,
     kvtier_block_bytes,
     kvtier_command,
     planner_command,
@@ -159,7 +160,7 @@ def launch(spec: GraphSpec) -> int:
                 if ready:
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
                              prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated,
-                             planner=spec.planner is not None)
+                             planner=spec.planner is not None, frontends=spec.num_frontends)
                     print(f"splitserve is serving {url}/v1 (model {model.resolve().name!r}); Ctrl-C stops it\n"
                           f"Prometheus targets (file_sd_configs): {sd_path}", flush=True)
                 elif time.monotonic() > deadline:

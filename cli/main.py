@@ -34,6 +34,9 @@ model_app.command("make-tiny")(make_tiny)
 
 
 def frontend_main() -> None:
+    from cli.child_setup import apply_launcher_setup
+
+    apply_launcher_setup()  # a copy of `splitserve-frontend --processes N`: die with it
     typer.run(frontend)
 
 

@@ -263,6 +263,36 @@ def test_compose_frontend_healthcheck_and_dependencies(compose: dict) -> None:
                 assert mode.removeprefix("service:") in service["depends_on"], f"{name}.{key}"
 
 
+
+def _processes_option() -> Command:
+    return next(p for p in _commands()["frontend"].params if p.name == "processes")
+
+
+def test_compose_frontend_runs_n_processes_in_its_container(compose: dict) -> None:
+    """N frontend processes in the one container: `--processes` from SPLITSERVE_FRONTEND_PROCESSES, on the one
+    published port (the copies share it with SO_REUSEPORT)."""
+    service = compose["services"]["frontend"]
+    raw = [str(a) for a in service["command"]]
+    assert raw[raw.index("--processes") + 1].startswith("${SPLITSERVE_FRONTEND_PROCESSES:-")
+    opts = _opts(compose, "frontend")
+    assert int(opts["--processes"]) >= 1
+    assert opts["--port"] == "8000" and service["ports"] == ["127.0.0.1:${SPLITSERVE_PORT:-8000}:8000"]
+    assert service.get("init") is True, "an init forwards docker stop's SIGTERM to the supervising process"
+    assert "SPLITSERVE_FRONTEND_PROCESSES" in COMPOSE.read_text().split("name: splitserve")[0], "documented"
+
+
+def test_systemd_frontend_runs_n_processes_under_one_unit() -> None:
+    unit = _unit("splitserve-frontend.service")
+    args = _exec_start(unit)
+    assert args[args.index("--processes") + 1] == "${SPLITSERVE_FRONTEND_PROCESSES}"
+    text = (SYSTEMD / "splitserve-frontend.service").read_text()
+    assert "Environment=SPLITSERVE_FRONTEND_PROCESSES=1" in text.splitlines(), "a default, so ${...} is never empty"
+    # The main process forwards SIGTERM to its copies and waits; control-group would signal them all at once.
+    assert unit["Service"]["KillMode"] == "mixed"
+    assert _processes_option().envvar == "SPLITSERVE_FRONTEND_PROCESSES", "the same variable works without ExecStart"
+    assert "SPLITSERVE_FRONTEND_PROCESSES" in SYSTEMD_README.read_text()
+
+
 def test_compose_config_with_docker() -> None:
     docker = shutil.which("docker")
     if docker is None:
@@ -374,7 +404,8 @@ def _expand(args: list[str], instance: str) -> list[str]:
                                                      "SPLITSERVE_KV_CACHE_GIB": "1",
                                                      "SPLITSERVE_WORKER_ENDPOINT": "tcp://127.0.0.1:0",
                                                      "SPLITSERVE_HOST_CACHE_GB": "4",
-                                                     "SPLITSERVE_DISK_CACHE_GB": "0"}
+                                                     "SPLITSERVE_DISK_CACHE_GB": "0",
+                                                     "SPLITSERVE_FRONTEND_PROCESSES": "2"}
                           .get(m.group(1), "/x"), arg))
     return out
 

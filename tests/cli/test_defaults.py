@@ -47,3 +47,15 @@ def test_planner_defaults_are_the_planners() -> None:
         policy.max_prefill,) * 3
     assert (_default(planner_cmd, "max_decode"), _default(up, "max_decode"), spec.max_decode) == (policy.max_decode,) * 3
     assert (_default(planner_cmd, "max_workers"), spec.max_workers) == (policy.max_workers,) * 2
+
+
+def test_http_limit_defaults_are_the_http_servers() -> None:
+    from cli.cmd_frontend import frontend
+    from cli.http_limits import HttpLimits
+    from services.frontend.http_response import HttpConfig
+
+    server = HttpConfig()
+    assert HttpLimits().http_config(server.host, server.port, server.reuse_port) == server
+    for name in ("max_body_mib", "max_header_kib", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s",
+                 "max_connections"):
+        assert _default(up, name) == _default(frontend, name) == getattr(HttpLimits(), name), name

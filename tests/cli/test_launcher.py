@@ -51,3 +51,52 @@ def test_launcher_passes_the_mock_profile(tmp_path: Path) -> None:
     cmds = worker_commands(GraphSpec(engine="mock", mock_profile=tmp_path / "p.json"), tmp_path, "tcp://x:1")
     assert all(cmd[cmd.index("--mock-profile") + 1] == str(tmp_path / "p.json") for cmd in cmds)
     assert "--mock-profile" not in worker_commands(GraphSpec(engine="mock"), tmp_path, "tcp://x:1")[0]
+
+
+@pytest.mark.parametrize(
+    ("num_cores", "num_engines", "num_other", "expected"),
+    [
+        (2, 2, 2, 1),  # this machine, 2 engines, router + kvtier: nothing free, still one frontend
+        (16, 2, 2, 12),
+        (16, 2, 1, 13),  # --no-kvtier
+        (8, 8, 1, 1),  # an engine on every core
+        (64, 8, 3, 53),  # 2 router replicas + kvtier
+        (1, 0, 0, 1),
+    ],
+)
+def test_frontends_fit_the_free_cores(num_cores: int, num_engines: int, num_other: int, expected: int) -> None:
+    from cli.launcher import frontends_that_fit
+
+    assert frontends_that_fit(num_cores, num_engines, num_other) == expected
+
+
+def test_http_limits_reach_every_frontend_command() -> None:
+    from cli.http_limits import HttpLimits
+    from cli.launcher import frontend_commands
+
+    spec = GraphSpec(num_frontends=2, http_limits=HttpLimits(max_header_kib=0.5, keepalive_timeout_s=2.0,
+                                                            max_connections=7))
+    cmds = frontend_commands(spec, Path("m"), "tcp://127.0.0.1:1")
+    assert len(cmds) == 2
+    for cmd in cmds:
+        assert cmd[cmd.index("--max-header-kib") + 1] == "0.5"
+        assert cmd[cmd.index("--keepalive-timeout-s") + 1] == "2.0"
+        assert cmd[cmd.index("--max-connections") + 1] == "7"
+
+
+def test_http_limit_flags_parse_back_into_the_same_config() -> None:
+    """The flags `up` writes are the frontend command's own: parsed by it, they give the limits `up` was given."""
+    import inspect
+
+    from cli.cmd_frontend import frontend
+    from cli.http_limits import HttpLimits
+
+    limits = HttpLimits(max_body_mib=1.5, max_header_kib=2.0, header_timeout_s=3.0, body_timeout_s=4.0,
+                        keepalive_timeout_s=5.0, max_connections=6)
+    params = inspect.signature(frontend).parameters
+    args = limits.args()
+    parsed = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
+    assert set(parsed) <= set(params)
+    assert HttpLimits(**{k: type(getattr(limits, k))(v) for k, v in parsed.items()}) == limits
+    config = limits.http_config("127.0.0.1", 1, True)
+    assert (config.max_body_bytes, config.max_header_bytes, config.max_connections) == (1572864, 2048, 6)

@@ -13,7 +13,7 @@ from cli.main import app
 def test_up_help_shows_every_panel() -> None:
     result = CliRunner().invoke(app, ["up", "--help"], terminal_width=120)
     assert result.exit_code == 0, result.output
-    for panel in ("Engine and model", "Pools", "Routing", "KV tier", "Planner", "Network", "Logging"):
+    for panel in ("Engine and model", "Pools", "Routing", "KV tier", "Planner", "Network", "Frontend HTTP", "Logging"):
         assert f"─ {panel}" in result.output, panel
 
 

@@ -52,3 +52,77 @@ def test_two_frontend_processes_on_one_port_both_serve(tmp_path) -> None:
         for p in procs:
             p.terminate()
             p.wait(20)
+
+
+def _raw_status(port: int, request: bytes) -> int:
+    """The status line's code of one request on a fresh connection (0: no answer)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        head = sock.recv(64)
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+
+
+def test_a_header_cap_set_on_up_reaches_every_frontend(tmp_path) -> None:
+    from bench.lib.graph import start_graph
+
+    graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "1", "--no-kvtier", "--frontends", "2",
+                        "--max-header-kib", "1", "--mock-speedup", "10", "--log-level", "warning")
+    try:
+        big = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 2048 + b"\r\n\r\n"
+        small = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        # A new connection each: the kernel spreads them over both frontends (all on one: 2**-19).
+        assert [_raw_status(graph.port, big) for _ in range(20)] == [431] * 20
+        assert [_raw_status(graph.port, small) for _ in range(20)] == [200] * 20  # the cap is 1 KiB, not 0
+    finally:
+        graph.stop()
+
+
+def test_frontend_processes_option_runs_and_restarts_copies(tmp_path) -> None:
+    """`frontend --processes 2`: two copies on one port, each its own /metrics (P, P+1), both serving; a killed
+    copy is started again; SIGTERM on the supervisor stops them all."""
+    import signal
+
+    from bench.lib.procs import children
+
+    port, router, metrics_port = free_port(), f"tcp://127.0.0.1:{free_port()}", free_port()
+    while _get(f"http://127.0.0.1:{metrics_port + 1}/metrics") is not None:  # P+1 must be free too
+        metrics_port = free_port()
+    log = open(tmp_path / "frontend.log", "wb")
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "frontend", "--model", str(tiny_model_dir()), "--router", router,
+         "--port", str(port), "--metrics-port", str(metrics_port), "--processes", "2", "--log-level", "warning"],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
+    urls = [f"http://127.0.0.1:{metrics_port + i}/metrics" for i in range(2)]
+
+    def wait_serving() -> None:
+        deadline = time.monotonic() + 60
+        while not all(_get(u) for u in urls):
+            assert sup.poll() is None, (tmp_path / "frontend.log").read_text()
+            assert time.monotonic() < deadline, "copies did not start"
+            time.sleep(0.2)
+
+    try:
+        wait_serving()
+        copies = children(sup.pid)
+        assert len(copies) == 2, copies
+        for _ in range(60):
+            assert _get(f"http://127.0.0.1:{port}/v1/models") is not None
+        served = [_served(_get(u) or b"") for u in urls]
+        assert all(n > 0 for n in served), served
+        victim = max(copies)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while victim in (now := children(sup.pid)) or len(now) < 2:
+            assert time.monotonic() < deadline, "the killed copy was not started again"
+            time.sleep(0.2)
+        wait_serving()
+        assert sup.poll() is None
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in now)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
