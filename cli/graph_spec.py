@@ -13,6 +13,7 @@ from pathlib import Path
 from cli.ports import free_port
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.worker.engine import DEFAULT_KV_TRANSFER
 
 DEFAULT_MODEL_DIR = Path("models/tiny")
 
@@ -52,6 +53,8 @@ class GraphSpec:
     disk_cache_dir: Path | None = None
     kvtier_metrics_port: int = 0  # 0: any free port (every service `up` starts serves Prometheus metrics)
     dtype: str = "auto"
+    # How prefill workers' KV reaches decode workers: pull | push (every worker of the graph alike).
+    kv_transfer: str = DEFAULT_KV_TRANSFER
     host: str = "127.0.0.1"
     port: int = 8000
     router_port: int = 0  # 0: any free port
@@ -104,7 +107,7 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
     num_cores = os.cpu_count() or 1
     cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
            "--block-size", str(spec.block_size), "--worker-id", f"{role}-{index}",
-           "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype,
+           "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype, "--kv-transfer", spec.kv_transfer,
            "--nixl-port", str(free_port()), "--core", str(index % num_cores), "--metrics-port", str(free_port())]
     if spec.num_blocks is not None:
         cmd += ["--num-blocks", str(spec.num_blocks)]

@@ -13,12 +13,18 @@ from typing import Protocol
 
 from common.protocol import (
     FinishReason,
+    KvTransferMode,
     KvTransferParams,
     SamplingParams,
     TokenLogprobs,
     TransferSample,
     WorkerLoad,
 )
+
+# How P/D pairs move KV unless told otherwise (`--kv-transfer`); measured on this machine (README, "Pull or
+# push"): bench/interference.py, decode ITL p99 with long prompts, and long prompts' TTFT.
+DEFAULT_KV_TRANSFER: KvTransferMode = "pull"
+KV_TRANSFER_MODES: tuple[KvTransferMode, ...] = ("pull", "push")
 
 
 # Prefix-cache changes an engine reports (the worker publishes them as KV events, in our block hashes).

@@ -51,3 +51,9 @@ def test_launcher_passes_the_mock_profile(tmp_path: Path) -> None:
     cmds = worker_commands(GraphSpec(engine="mock", mock_profile=tmp_path / "p.json"), tmp_path, "tcp://x:1")
     assert all(cmd[cmd.index("--mock-profile") + 1] == str(tmp_path / "p.json") for cmd in cmds)
     assert "--mock-profile" not in worker_commands(GraphSpec(engine="mock"), tmp_path, "tcp://x:1")[0]
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_every_worker_moves_kv_the_same_way(mode: str) -> None:
+    cmds = worker_commands(GraphSpec(num_prefill=1, num_decode=2, kv_transfer=mode), Path("m"), "tcp://x:1")
+    assert [c[c.index("--kv-transfer") + 1] for c in cmds] == [mode] * 3
