@@ -191,7 +191,10 @@ class VllmEngine:
         role = _VLLM_KV_ROLES[cfg.kv_role or "both"]
         nixl = {"kv_connector": _NIXL_CONNECTORS[cfg.kv_transfer], "kv_role": role,
                 "kv_buffer_device": "cuda" if _has_cuda() else "cpu",
-                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s}}
+                # Push: a decode engine's registration no WRITE answered within the prefill's lease never will
+                # be (the blocks are gone); vLLM's default waits 480 s.
+                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s,
+                                              "push_registration_timeout": cfg.kv_lease_s}}
         tier = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": MODULE_PATH, "kv_role": role,
                 "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
                                               "worker_id": cfg.engine_id or "vllm",
