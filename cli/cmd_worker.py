@@ -82,10 +82,18 @@ def worker(
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
     kv_transfer_checked(kv_transfer)
-    from common.addresses import advertise_host, check_bind_advertise, is_loopback, nixl_advertise_host
+    from common.addresses import (
+        advertise_host,
+        check_bind_advertise,
+        check_push_side_channel,
+        is_loopback,
+        nixl_advertise_host,
+    )
 
     address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
     nixl_peer_host = address_checked(nixl_advertise_host, nixl_host, nixl_advertise, advertise_endpoint or "")
+    if engine == "vllm":
+        address_checked(check_push_side_channel, nixl_host, kv_transfer, role)
     if (engine == "vllm" and role != "decode" and is_loopback(nixl_peer_host) and advertise_endpoint
             and not is_loopback(address_checked(advertise_host, advertise_endpoint))):
         typer.echo(f"warning: --advertise {advertise_endpoint} but decode engines are told to pull KV from "
