@@ -54,8 +54,8 @@ from bench.lib.machine import loadavg
 from bench.lib.procs import tree_cpu_s
 from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result
 from bench.lib.server import Target, scrape
+from cli.graph_spec import UP_KV_TRANSFER
 from cli.launcher import control_plane_cores
-from services.worker.engine import DEFAULT_KV_TRANSFER
 from services.worker.engines.vllm.dtype import cpu_has_fast_bf16
 
 CONFIGS = {
@@ -270,7 +270,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None,
                     help="default: bfloat16 where the CPU has native bf16 (AVX512-BF16/AMX), else float32")
     ap.add_argument("--order", default="agg,pd,agg,pd")
-    ap.add_argument("--kv-transfer", choices=("pull", "push"), default=DEFAULT_KV_TRANSFER,
+    ap.add_argument("--kv-transfer", choices=("pull", "push"), default=UP_KV_TRANSFER,
                     help="how the pd configs move KV (pd-pull / pd-push fix it)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--steady-isl", type=int, default=32)

@@ -12,13 +12,14 @@ from typing import Optional
 
 import typer
 
+from cli.graph_spec import UP_KV_TRANSFER
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
-    KvTransfer,
     LogJson,
     LogLevel,
     kv_transfer_checked,
+    kv_transfer_option,
     validated,
 )
 from services.planner import defaults as planner_defaults
@@ -48,7 +49,7 @@ def up(
         "tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
-    kv_transfer: str = _in_panel(KvTransfer, ENGINE),
+    kv_transfer: str = _in_panel(kv_transfer_option(UP_KV_TRANSFER), ENGINE),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)",
                                    rich_help_panel=ENGINE),
     num_blocks: Optional[int] = typer.Option(None, rich_help_panel=ENGINE),

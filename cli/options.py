@@ -20,11 +20,17 @@ LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
                         help="CURVE keys: OUT of `splitserve keys make OUT` (this service uses OUT/<service>), or that directory")
 
-KvTransfer = typer.Option(
-    DEFAULT_KV_TRANSFER, "--kv-transfer", envvar="SPLITSERVE_KV_TRANSFER",
-    help="How prefill->decode KV moves: pull (the decode engine READs the prefill engine's blocks) | push (the "
-    "prefill engine WRITEs into blocks the decode engine registered; vLLM NixlPushConnector). Every worker of "
-    "a P/D graph must use the same; see README, 'Pull or push'")
+_KV_TRANSFER_HELP = ("How prefill->decode KV moves: pull (the decode engine READs the prefill engine's blocks) | push "
+                     "(the prefill engine WRITEs into blocks the decode engine registered; vLLM NixlPushConnector; a "
+                     "decode worker's --nixl-host must then be an address prefill hosts dial). Every worker of a "
+                     "P/D graph must use the same; see README, 'Pull or push'")
+
+
+def kv_transfer_option(default: str):
+    return typer.Option(default, "--kv-transfer", envvar="SPLITSERVE_KV_TRANSFER", help=_KV_TRANSFER_HELP)
+
+
+KvTransfer = kv_transfer_option(DEFAULT_KV_TRANSFER)
 
 
 def kv_transfer_checked(mode: str) -> str:

@@ -21,8 +21,9 @@ from common.protocol import (
     WorkerLoad,
 )
 
-# How P/D pairs move KV unless told otherwise (`--kv-transfer`); measured on this machine (README, "Pull or
-# push"): bench/interference.py, decode ITL p99 with long prompts, and long prompts' TTFT.
+# How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
+# whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, README "Pull or
+# push": measured better here).
 DEFAULT_KV_TRANSFER: KvTransferMode = "pull"
 KV_TRANSFER_MODES: tuple[KvTransferMode, ...] = ("pull", "push")
 

@@ -57,3 +57,9 @@ def test_launcher_passes_the_mock_profile(tmp_path: Path) -> None:
 def test_every_worker_moves_kv_the_same_way(mode: str) -> None:
     cmds = worker_commands(GraphSpec(num_prefill=1, num_decode=2, kv_transfer=mode), Path("m"), "tcp://x:1")
     assert [c[c.index("--kv-transfer") + 1] for c in cmds] == [mode] * 3
+
+
+def test_up_pushes_by_default() -> None:
+    # One host, side channels on 127.0.0.1: push, measured better here (README, "Pull or push").
+    cmd = worker_commands(GraphSpec(), Path("m"), "tcp://x:1")[0]
+    assert cmd[cmd.index("--kv-transfer") + 1] == "push"
