@@ -1,4 +1,5 @@
-"""vLLM's NIXL connectors (pull and push) on CPU, fixed for one-core-per-engine: keep the engine's core, no spinning thread.
+"""vLLM's NIXL connectors (pull and push) on CPU, fixed for one-core-per-engine: keep the engine's core, no
+spinning thread.
 
 1. Core pinning. On CPU, vLLM 0.32's NIXL worker (``base_worker.py``, "reserve different cores for
 start_load_kv() from model_forward()") calls ``os.sched_setaffinity(0, [last core of each NUMA node])`` from
