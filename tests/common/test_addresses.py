@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from common.addresses import (
-    check_push_side_channel,
     TcpEndpoint,
     advertise_host,
     advertised_endpoint,
     advertised_events,
     check_advertised,
     check_bind_advertise,
+    check_push_side_channel,
     default_events_bind,
     dialable,
     is_loopback,

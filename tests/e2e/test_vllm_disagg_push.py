@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from bench.lib.graph import Graph, start_graph, wait_until, worker_stats
+from bench.lib.graph import start_graph, wait_until, worker_stats
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_vllm_disagg import VLLM_ARGS, complete, prompt
 

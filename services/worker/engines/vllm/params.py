@@ -9,7 +9,12 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from common.errors import EngineError
-from common.protocol import KvTransferMode, KvTransferParams, StructuredOutput, TokenLogprobs
+from common.protocol import (
+    KvTransferMode,
+    KvTransferParams,
+    StructuredOutput,
+    TokenLogprobs,
+)
 from common.tiny_model import ModelInfo
 from services.worker.engine import EngineRequest
 from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
