@@ -19,15 +19,19 @@ Configurations (one run, alternating A B A B ... to cancel the shared machine's 
   agg   `--aggregated 2`: two role-both workers, one core each; long prompts prefill on whichever worker the
         router picks, among that worker's decoding streams.
   pd    `--prefill 1 --decode 1`: steady streams prefill locally on the decode worker (prompt <=
-        --local-prefill-max-tokens), long prompts prefill remotely and the decode worker pulls their KV
-        over NIXL (vLLM NixlConnector, UCX, kv_buffer_device cpu).
+        --local-prefill-max-tokens), long prompts prefill remotely and their KV moves over NIXL (UCX,
+        kv_buffer_device cpu) as --kv-transfer says: pull (vLLM NixlConnector, the decode engine READs) or push
+        (NixlPushConnector, the prefill engine WRITEs into blocks the decode engine registered).
+  pd-pull, pd-push   `pd` with the mode fixed, whatever --kv-transfer says: `--order pd-pull,pd-push,pd-pull,pd-push`
+        compares the two in one run.
 
 Goal (issue): P/D steady-stream ITL p99 with long prompts within 1.25x of its own baseline, while aggregated
 shows the stall; transfer GB/s >= 70% of the raw NIXL READ of the same bytes (bench/kv_transfer.py: per pull,
 median against median; P/D runs first send --idle-pulls long prompts one at a time for the idle figure).
 
     python bench/interference.py [--model models/tiny-100m] [--dtype float32|bfloat16] [--order agg,pd,agg,pd]
-        [--baseline-s 30] [--interference-s 36] [--long-interval-s 3] [--out bench/results/interference.json]
+        [--kv-transfer pull|push] [--baseline-s 30] [--interference-s 36] [--long-interval-s 3]
+        [--out bench/results/interference.json]
 """
 
 from __future__ import annotations
@@ -50,12 +54,15 @@ from bench.lib.machine import loadavg
 from bench.lib.procs import tree_cpu_s
 from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result
 from bench.lib.server import Target, scrape
+from cli.graph_spec import UP_KV_TRANSFER
 from cli.launcher import control_plane_cores
 from services.worker.engines.vllm.dtype import cpu_has_fast_bf16
 
 CONFIGS = {
     "agg": ("aggregated: 2 workers role both (cores 0, 1), no prefill pool", ["--aggregated", "2"]),
     "pd": ("disaggregated: 1 prefill (core 0) + 1 decode (core 1)", ["--prefill", "1", "--decode", "1"]),
+    "pd-pull": ("disaggregated, KV pulled by the decode engine (NIXL READ)", ["--prefill", "1", "--decode", "1"]),
+    "pd-push": ("disaggregated, KV pushed by the prefill engine (NIXL WRITE)", ["--prefill", "1", "--decode", "1"]),
     # The decode worker computes at most 64 tokens a step: the steady streams' own local prefills are chunked.
     "pd64": ("disaggregated, decode step budget 64 tokens", ["--prefill", "1", "--decode", "1",
                                                              "--decode-max-batched-tokens", "64"]),
@@ -98,7 +105,7 @@ async def raw_read_under_load(args: argparse.Namespace, load: "Load") -> dict:
 
 
 async def idle_pulls(args: argparse.Namespace, router: str, load: "Load", ref: dict | None,
-                     ref_spaced: dict | None) -> dict:
+                     ref_spaced: dict | None, mode: str = "pull") -> dict:
     """KV pulls with nothing else running: --idle-pulls long prompts one at a time, --idle-gap-s apart.
 
     Set against the raw READ measured on the same two cores with the machine otherwise idle, this is what the
@@ -111,8 +118,9 @@ async def idle_pulls(args: argparse.Namespace, router: str, load: "Load", ref: d
         await load.one(args.long_isl, args.long_osl, sink)  # a timeout is not ok; its pull, if any, still counts
         await asyncio.sleep(args.idle_gap_s)
     after = await worker_stats(router)
-    decode = [wid for wid, st in after.items() if st["role"] == "decode"]
-    pulls = pulls_between(before.get(decode[0], {}), after[decode[0]]) if decode else []
+    # The transfer's initiator records it (vLLM's NIXL telemetry): the decode worker's READs, the prefill's WRITEs.
+    initiator = [wid for wid, st in after.items() if st["role"] == report.initiator_role(mode)]
+    pulls = pulls_between(before.get(initiator[0], {}), after[initiator[0]]) if initiator else []
     summary = pulls_against_raw(pulls, ref)
     if ref_spaced is not None and "gbps_median" in summary:
         summary["vs_raw_spaced"] = compare_to_raw(summary["gbps_median"], summary["descriptors_median"], ref_spaced)
@@ -125,10 +133,16 @@ def worker_roles_of(config: str) -> list[str]:
     return ["both", "both"] if config == "agg" else ["prefill", "decode"]
 
 
+def kv_transfer_of(args: argparse.Namespace, config: str) -> str:
+    """pull or push: fixed by a config named pd-pull / pd-push, else --kv-transfer."""
+    return config.rsplit("-", 1)[1] if config in ("pd-pull", "pd-push") else args.kv_transfer
+
+
 def up_args(args: argparse.Namespace, config: str) -> list[str]:
     return ["--engine", "vllm", "--model", str(args.model), "--dtype", args.dtype,
             "--local-prefill-max-tokens", str(args.local_prefill_max_tokens), "--router-policy", args.router_policy,
-            "--block-size", str(args.block_size), "--no-kvtier", "--log-level", "warning", *CONFIGS[config][1]]
+            "--block-size", str(args.block_size), "--no-kvtier", "--log-level", "warning",
+            "--kv-transfer", kv_transfer_of(args, config), *CONFIGS[config][1]]
 
 
 # ------------------------------------------------------------------------------------------- load
@@ -169,7 +183,8 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
     began = time.monotonic()
     graph = start_graph(Path(args.log_dir), *up_args(args, config), ready_timeout_s=args.ready_timeout_s,
                         log_name=f"interference-{index}-{config}.log")
-    out: dict = {"config": config, "index": index, "pd_split": CONFIGS[config][0],
+    mode = kv_transfer_of(args, config)
+    out: dict = {"config": config, "index": index, "pd_split": CONFIGS[config][0], "kv_transfer": mode,
                  "command": " ".join(graph.cmd[1:]), "graph_start_s": round(graph.startup_s, 1),
                  "log": str(graph.log_path), "loadavg_before": load_before}
     load = Load(args, graph.url, args.model.resolve().name, seed=1000 + index)
@@ -190,7 +205,7 @@ async def run_config(args: argparse.Namespace, config: str, index: int, nixl_ref
                           "ttft_ms": None if r.ttft_s is None else round(r.ttft_s * 1e3, 2)} for r in warm]
 
         if config.startswith("pd") and args.idle_pulls > 0:
-            out["idle_pulls"] = await idle_pulls(args, graph.router, load, nixl_ref, nixl_ref_spaced)
+            out["idle_pulls"] = await idle_pulls(args, graph.router, load, nixl_ref, nixl_ref_spaced, mode)
 
         def snapshot() -> dict:
             return {"t": time.perf_counter(), "cpu": {k: tree_cpu_s(p) for k, p in pids.items()},
@@ -255,6 +270,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None,
                     help="default: bfloat16 where the CPU has native bf16 (AVX512-BF16/AMX), else float32")
     ap.add_argument("--order", default="agg,pd,agg,pd")
+    ap.add_argument("--kv-transfer", choices=("pull", "push"), default=UP_KV_TRANSFER,
+                    help="how the pd configs move KV (pd-pull / pd-push fix it)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--steady-isl", type=int, default=32)
     ap.add_argument("--steady-osl", type=int, default=256)
@@ -297,12 +314,15 @@ def main() -> None:
                      "long_drain_max": args.long_drain_s},
         "order": args.order, "local_prefill_max_tokens": args.local_prefill_max_tokens,
         "router_policy": args.router_policy,
-        "transfer_backend": "NIXL UCX via vLLM NixlConnector (pull), kv_buffer_device cpu",
+        "transfer_backend": "NIXL UCX via vLLM NixlConnector (pull: decode engine READs) or NixlPushConnector "
+                            "(push: prefill engine WRITEs), kv_buffer_device cpu; each run's kv_transfer",
+        "kv_transfer": args.kv_transfer,
         "itl_definition": "client-side inter-token gaps of one steady stream (bench/lib/metrics.py: a chunk of k "
                           "tokens is one gap and k-1 zeros), assigned to the phase in which the later token "
                           "arrived (first token excluded)",
-        "transfer_definition": "per pull: the decode worker's WorkerStats.recent_transfers (vLLM NIXL telemetry "
-                               "of each READ: xferDuration, totalBytes, descCount after NIXL merged adjacent "
+        "transfer_definition": "per pull: the initiator's WorkerStats.recent_transfers (the decode worker's READs; "
+                               "push: the prefill worker's WRITEs) (vLLM NIXL telemetry "
+                               "of each transfer: xferDuration, totalBytes, descCount after NIXL merged adjacent "
                                "blocks); a phase's median pull GB/s over the median raw NIXL READ (bench/nixl_read.py, "
                                "the variant nearest in descriptors) of the same bytes on the same cores "
                                f"(target {RAW_CORES[0]}, initiator {RAW_CORES[1]}): idle pulls (long prompts one at a "

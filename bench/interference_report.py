@@ -22,6 +22,11 @@ FRONTEND_KEYS = ("prefill_decisions", "prefill_fallbacks", "transfer_failures", 
                  "output_tokens", "prompt_tokens")
 
 
+def initiator_role(mode: str) -> str:
+    """The worker whose NIXL telemetry records a transfer: the decode worker READs (pull), the prefill WRITEs."""
+    return "prefill" if mode == "push" else "decode"
+
+
 def dist_ms(values: list[float]) -> dict[str, Any]:
     # p99 alone can miss stalls: 10 long prompts stalling 4 streams each are <1% of ~5,000 gaps. Hence p99.9 and
     # the count and summed time of gaps over STALL_S.
@@ -96,6 +101,8 @@ def long_prompts(longs: list[StreamResult], steady: list[StreamResult]) -> tuple
         "prompt_tokens": sorted({r.prompt_tokens for r in ok if r.prompt_tokens}),
         "completion_tokens": sorted({r.completion_tokens for r in ok if r.completion_tokens is not None}),
         "ttft_ms": dist_ms([r.chunk_times_s[0] for r in ok]),
+        # Sent to second token: P/D adds the KV transfer and the decode worker's first step to the TTFT.
+        "second_token_ms": dist_ms([r.chunk_times_s[1] for r in ok if len(r.chunk_times_s) > 1]),
         "e2e_ms": dist_ms([r.e2e_s for r in ok]),
         "own_itl_ms": dist_ms([g for t in timings for g in t.itl_s()]),
     }
@@ -117,8 +124,10 @@ def ratios(out: dict[str, Any]) -> dict[str, float | None]:
 
 
 def transfer(out: dict[str, Any]) -> dict[str, Any] | None:
-    """The decode worker's pulls in the interference phase, per pull and against the raw READ under load."""
-    dec = [w for w in out["interference"]["workers"].values() if w["role"] == "decode"]
+    """The initiator's transfers in the interference phase (decode READs; push: prefill WRITEs), per transfer
+    and against the raw READ under load."""
+    role = initiator_role(out.get("kv_transfer", "pull"))
+    dec = [w for w in out["interference"]["workers"].values() if w["role"] == role]
     if not dec or not dec[0]["transfer_gbps"]:
         return None
     d = dec[0]
@@ -154,6 +163,7 @@ def summarize_runs(runs: list[dict]) -> dict:
 
         summary[config] = {
             "repeats": len(rs),
+            "kv_transfer": rs[0].get("kv_transfer", "pull") if config.startswith("pd") else None,
             "baseline_itl_p50_ms": med("baseline", "steady_itl_ms", "p50"),
             "baseline_itl_p99_ms": med("baseline", "steady_itl_ms", "p99"),
             "interference_itl_p50_ms": med("interference", "steady_itl_ms", "p50"),
@@ -162,6 +172,10 @@ def summarize_runs(runs: list[dict]) -> dict:
             "itl_p99_ratio_each": each("ratios", "itl_p99_interference_over_baseline"),
             "long_ttft_p50_ms": med("long_prompts", "ttft_ms", "p50"),
             "long_ttft_p99_ms": med("long_prompts", "ttft_ms", "p99"),
+            "long_second_token_p50_ms": med("long_prompts", "second_token_ms", "p50"),
+            "long_second_token_p99_ms": med("long_prompts", "second_token_ms", "p99"),
+            "during_long_decode_itl_p99_ms": med("interference", "steady_itl_by_long_phase_ms", "during_long_decode",
+                                                 "p99"),
         }
         if config.startswith("pd"):
             summary[config]["transfer"] = {
@@ -195,6 +209,11 @@ def goals(summary: dict) -> dict[str, Any]:
         out["transfer_fraction_idle_met"] = median_met("idle_fraction_of_raw_idle_each")
         out["transfer_fraction_under_load_met"] = median_met("loaded_fraction_of_raw_under_load_each")
         out["transfer_fraction_loaded_vs_idle_raw_met"] = median_met("loaded_fraction_of_raw_idle_each")
+    if "pd-pull" in summary and "pd-push" in summary:
+        pull, push = summary["pd-pull"], summary["pd-push"]
+        out["push_over_pull"] = {key: _ratio(push[key], pull[key]) for key in (
+            "interference_itl_p99_ms", "itl_p99_ratio_median", "during_long_decode_itl_p99_ms", "long_ttft_p50_ms",
+            "long_ttft_p99_ms", "long_second_token_p50_ms", "long_second_token_p99_ms")}
     if "agg" in summary and "pd" in summary:
         out["agg_over_pd_interference_itl_p99"] = _ratio(summary["agg"]["interference_itl_p99_ms"],
                                                          summary["pd"]["interference_itl_p99_ms"])

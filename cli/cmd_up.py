@@ -21,11 +21,14 @@ from cli.http_limits import (
     MaxConnections,
     MaxHeaderKib,
 )
+from cli.graph_spec import UP_KV_TRANSFER
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
     LogJson,
     LogLevel,
+    kv_transfer_checked,
+    kv_transfer_option,
     validated,
 )
 from services.planner import defaults as planner_defaults
@@ -56,6 +59,7 @@ def up(
         "tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
+    kv_transfer: str = _in_panel(kv_transfer_option(UP_KV_TRANSFER), ENGINE),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)",
                                    rich_help_panel=ENGINE),
     num_blocks: Optional[int] = typer.Option(None, rich_help_panel=ENGINE),
@@ -139,6 +143,7 @@ def up(
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
+    kv_transfer_checked(kv_transfer)
     if model is not None:
         validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
     planner_spec = PlannerSpec(
@@ -159,7 +164,8 @@ def up(
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
                      mock_speedup=mock_speedup, mock_profile=mock_profile, kvtier=not no_kvtier,
                      host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
-                     kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port,
+                     kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, kv_transfer=kv_transfer, host=host,
+                     port=port,
                      router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,

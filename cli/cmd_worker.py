@@ -13,6 +13,7 @@ from cli.options import (
     DEFAULT_ROUTER,
     DTYPE_HELP,
     CurveDir,
+    KvTransfer,
     LogJson,
     LogLevel,
     MetricsHost,
@@ -20,6 +21,7 @@ from cli.options import (
     Zone,
     address_checked,
     default_node,
+    kv_transfer_checked,
     reexec_with_engine_env,
     transport,
     validated,
@@ -56,6 +58,7 @@ def worker(
         None, help="Offload blocks right after prefill (default: mock no, on eviction only; vLLM yes: its "
         "connector API does not expose evictions, so write-through is its only save path)"),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_transfer: str = KvTransfer,
     nixl_port: int = typer.Option(5600, help="vLLM: NIXL side-channel port, distinct per engine on a host"),
     nixl_host: str = typer.Option("127.0.0.1", help="vLLM: bind address of the NIXL side channel (the "
                                   "handshake socket decode engines dial; 0.0.0.0: every interface)"),
@@ -78,10 +81,19 @@ def worker(
     configure_logging(log_level, log_json, f"worker-{role}")
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
-    from common.addresses import advertise_host, check_bind_advertise, is_loopback, nixl_advertise_host
+    kv_transfer_checked(kv_transfer)
+    from common.addresses import (
+        advertise_host,
+        check_bind_advertise,
+        check_push_side_channel,
+        is_loopback,
+        nixl_advertise_host,
+    )
 
     address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
     nixl_peer_host = address_checked(nixl_advertise_host, nixl_host, nixl_advertise, advertise_endpoint or "")
+    if engine == "vllm":
+        address_checked(check_push_side_channel, nixl_host, kv_transfer, role)
     if (engine == "vllm" and role != "decode" and is_loopback(nixl_peer_host) and advertise_endpoint
             and not is_loopback(address_checked(advertise_host, advertise_endpoint))):
         typer.echo(f"warning: --advertise {advertise_endpoint} but decode engines are told to pull KV from "
@@ -116,7 +128,7 @@ def worker(
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid,
             tier=_tier_client(kvtier, wid, transport(curve_dir, "worker").curve),
-            tier_write_through=bool(kvtier_write_through)))
+            tier_write_through=bool(kvtier_write_through), kv_transfer=kv_transfer))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
         from services.worker.engines.vllm.engine import VllmEngine
@@ -128,7 +140,8 @@ def worker(
             # A decode worker may take a small per-step budget (its local prefills are then chunked); the others
             # keep room for a whole long prompt in one step.
             max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode"
-                                    else max(max_num_batched_tokens, 2048)), kv_role=role, nixl_side_channel_port=nixl_port,
+                                    else max(max_num_batched_tokens, 2048)), kv_role=role, kv_transfer=kv_transfer,
+            nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)

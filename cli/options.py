@@ -11,6 +11,7 @@ from typing import Optional, TypeVar
 import typer
 
 from services.router.defaults import ROUTER_ENDPOINT
+from services.worker.engine import DEFAULT_KV_TRANSFER, KV_TRANSFER_MODES
 
 DTYPE_HELP = "vLLM: auto (the model's; float32 for a 16-bit model on a CPU without native bf16) | float32 | bfloat16"
 DEFAULT_ROUTER = ROUTER_ENDPOINT
@@ -18,6 +19,25 @@ LogLevel = typer.Option("info", "--log-level", envvar="SPLITSERVE_LOG_LEVEL")
 LogJson = typer.Option(False, "--log-json", envvar="SPLITSERVE_LOG_JSON", help="JSON log lines")
 CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
                         help="CURVE keys: OUT of `splitserve keys make OUT` (this service uses OUT/<service>), or that directory")
+
+_KV_TRANSFER_HELP = ("How prefill->decode KV moves: pull (the decode engine READs the prefill engine's blocks) | push "
+                     "(the prefill engine WRITEs into blocks the decode engine registered; vLLM NixlPushConnector; a "
+                     "decode worker's --nixl-host must then be an address prefill hosts dial). Every worker of a "
+                     "P/D graph must use the same; see README, 'Pull or push'")
+
+
+def kv_transfer_option(default: str):
+    return typer.Option(default, "--kv-transfer", envvar="SPLITSERVE_KV_TRANSFER", help=_KV_TRANSFER_HELP)
+
+
+KvTransfer = kv_transfer_option(DEFAULT_KV_TRANSFER)
+
+
+def kv_transfer_checked(mode: str) -> str:
+    if mode not in KV_TRANSFER_MODES:
+        raise typer.BadParameter(f"must be one of {', '.join(KV_TRANSFER_MODES)}, not {mode!r}",
+                                 param_hint="--kv-transfer")
+    return mode
 
 
 T = TypeVar("T")

@@ -127,6 +127,16 @@ def nixl_advertise_host(nixl_host: str, nixl_advertise: str, advertise: str) -> 
     return host
 
 
+def check_push_side_channel(nixl_host: str, kv_transfer: str, role: str) -> None:
+    """Push (vLLM's NixlPushConnector) makes the prefill engine dial the *decode* engine's side channel at the
+    address the decode engine puts in its block registration: its bind address, which we cannot rewrite (it
+    travels inside a NIXL notification). So a decode-capable engine that pushes binds one dialable address."""
+    if kv_transfer == "push" and role != "prefill" and is_wildcard(nixl_host):
+        raise AddressError(f"--nixl-host {nixl_host} binds every interface, but with --kv-transfer push prefill "
+                           "engines dial this engine's side channel at its bind address: bind the address they "
+                           "reach it by")
+
+
 def _is_ipv6(host: str) -> bool:
     import ipaddress
 

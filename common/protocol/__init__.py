@@ -58,6 +58,7 @@ from common.protocol.requests import (
 )
 from common.protocol.workers import (
     Heartbeat,
+    KvTransferMode,
     KvTransferParams,
     RegisterAck,
     RegisterWorker,
@@ -82,6 +83,7 @@ __all__ = [
     "KvEvents",
     "KvSnapshot",
     "KvSnapshotRequest",
+    "KvTransferMode",
     "KvTransferParams",
     "ListWorkers",
     "Msg",

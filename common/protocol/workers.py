@@ -3,6 +3,8 @@ transfer parameters that travel with its requests."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from common.protocol.base import PROTOCOL_VERSION, Msg, Role  # noqa: F401  (PROTOCOL_VERSION: re-exported)
@@ -39,10 +41,16 @@ class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
     json_object: bool = False
 
 
+# How a prefilled request's KV reaches the decode engine: "pull" (the decode engine READs the prefill engine's
+# blocks) or "push" (the decode engine registers blocks it allocated, the prefill engine WRITEs into them).
+KvTransferMode = Literal["pull", "push"]
+
+
 class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where a prefilled request's KV lives and how to pull it (vLLM NixlConnector's fields, typed).
 
-    A prefill worker returns these with its first token; the decode worker's engine pulls the blocks.
+    A prefill worker returns these with its first token; the decode worker's engine pulls the blocks (``mode``
+    "pull"), or registers its own blocks with the prefill engine, which writes the KV into them ("push").
     """
 
     remote_engine_id: str
@@ -56,6 +64,9 @@ class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
     remote_request_id: str = ""
     # Bytes of KV behind remote_block_ids (for metrics and the mock engine's transfer time).
     num_bytes: int = 0
+    # The prefill engine's transfer mode; a decode engine of the other mode refuses the request (the two vLLM
+    # connectors cannot talk to each other).
+    mode: KvTransferMode = "pull"
 
 
 class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):

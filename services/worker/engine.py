@@ -13,12 +13,19 @@ from typing import Protocol
 
 from common.protocol import (
     FinishReason,
+    KvTransferMode,
     KvTransferParams,
     SamplingParams,
     TokenLogprobs,
     TransferSample,
     WorkerLoad,
 )
+
+# How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
+# whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, README "Pull or
+# push": measured better here).
+DEFAULT_KV_TRANSFER: KvTransferMode = "pull"
+KV_TRANSFER_MODES: tuple[KvTransferMode, ...] = ("pull", "push")
 
 
 # Prefix-cache changes an engine reports (the worker publishes them as KV events, in our block hashes).

@@ -100,3 +100,13 @@ def test_http_limit_flags_parse_back_into_the_same_config() -> None:
     assert HttpLimits(**{k: type(getattr(limits, k))(v) for k, v in parsed.items()}) == limits
     config = limits.http_config("127.0.0.1", 1, True)
     assert (config.max_body_bytes, config.max_header_bytes, config.max_connections) == (1572864, 2048, 6)
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_every_worker_moves_kv_the_same_way(mode: str) -> None:
+    cmds = worker_commands(GraphSpec(num_prefill=1, num_decode=2, kv_transfer=mode), Path("m"), "tcp://x:1")
+    assert [c[c.index("--kv-transfer") + 1] for c in cmds] == [mode] * 3
+
+
+def test_up_pushes_by_default() -> None:
+    # One host, side channels on 127.0.0.1: push, measured better here (README, "Pull or push").
+    cmd = worker_commands(GraphSpec(), Path("m"), "tcp://x:1")[0]
+    assert cmd[cmd.index("--kv-transfer") + 1] == "push"

@@ -11,6 +11,7 @@ from common.addresses import (
     advertised_events,
     check_advertised,
     check_bind_advertise,
+    check_push_side_channel,
     default_events_bind,
     dialable,
     is_loopback,
@@ -174,3 +175,19 @@ def test_default_events_bind(router: str, expected: str) -> None:
 ])
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize(("nixl_host", "kv_transfer", "role", "refused"), [
+    ("0.0.0.0", "push", "decode", True),   # prefill engines would dial 0.0.0.0: their own host
+    ("::", "push", "both", True),
+    ("0.0.0.0", "push", "prefill", False),  # a prefill engine's address travels in our params, rewritten
+    ("0.0.0.0", "pull", "decode", False),  # pull: nobody dials the decode engine
+    ("10.0.0.5", "push", "decode", False),
+])
+def test_a_pushing_decode_engine_binds_a_dialable_side_channel(nixl_host: str, kv_transfer: str, role: str,
+                                                               refused: bool) -> None:
+    if refused:
+        with pytest.raises(AddressError, match="--kv-transfer push"):
+            check_push_side_channel(nixl_host, kv_transfer, role)
+    else:
+        check_push_side_channel(nixl_host, kv_transfer, role)

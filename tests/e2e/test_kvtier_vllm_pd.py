@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vll
 
 def test_prefix_onboarded_under_multiconnector(tmp_path) -> None:
     graph = start_graph(tmp_path, "--engine", "vllm", "--dtype", "float32", "--prefill", "1", "--decode", "1",
-                        "--num-blocks", "25", "--local-prefill-max-tokens", "0", "--host-cache-gb", "0.05")
+                        "--kv-transfer", "pull", "--num-blocks", "25", "--local-prefill-max-tokens", "0",
+                        "--host-cache-gb", "0.05")
     try:
         assert wait_until(lambda: _tier_up(graph), timeout_s=20), graph.logs()[-3000:]
         reference, _ = complete(graph, PREFIX)  # prefilled remotely, KV pulled by the decode worker over NIXL

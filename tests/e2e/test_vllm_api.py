@@ -31,7 +31,7 @@ WORDS = "queue socket block cache prefill decode router worker engine token mode
 @pytest.fixture(scope="module")
 def vllm_pd(tmp_path_factory) -> Graph:
     graph = start_graph(tmp_path_factory.mktemp("vllm-api"), "--engine", "vllm", "--dtype", "float32",
-                        "--local-prefill-max-tokens", "32", "--prefill", "1", "--decode", "1")
+                        "--local-prefill-max-tokens", "32", "--prefill", "1", "--decode", "1", "--kv-transfer", "pull")
     yield graph
     graph.stop()
 

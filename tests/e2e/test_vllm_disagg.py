@@ -30,7 +30,8 @@ LENGTHS = (3, 31, 33, 65, 100, 257, 700, 1500)
 
 @pytest.fixture(scope="module")
 def vllm_pd(tmp_path_factory) -> Graph:
-    graph = start_graph(tmp_path_factory.mktemp("vllm-pd"), *VLLM_ARGS, "--prefill", "1", "--decode", "1")
+    graph = start_graph(tmp_path_factory.mktemp("vllm-pd"), *VLLM_ARGS, "--prefill", "1", "--decode", "1",
+                        "--kv-transfer", "pull")
     yield graph
     graph.stop()
 

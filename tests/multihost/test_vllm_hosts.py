@@ -33,7 +33,8 @@ def prompt(length: int) -> list[int]:
 
 def nixl_args(host: Host) -> tuple[str, ...]:
     """vLLM's NIXL side channel bound to, and advertised at, the host's bridge address (not loopback)."""
-    return ("--nixl-host", host.address, "--nixl-advertise", host.address)
+    # Pull: the decode worker's READs are what this test reads (push: the prefill worker's WRITEs).
+    return ("--nixl-host", host.address, "--nixl-advertise", host.address, "--kv-transfer", "pull")
 
 
 def kv_bytes_per_block(model_dir: Path, block_size: int = 32, dtype_bytes: int = 4) -> int:

@@ -11,7 +11,7 @@ from services.worker.engines.mock.scheduler import SeqSpec
 _MAX_TOKEN_ID = 2**32 - 1  # block hashes pack token ids as u32
 
 
-def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager) -> SeqSpec:
+def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, kv_transfer: str = "pull") -> SeqSpec:
     token_ids = request.token_ids
     sampling = request.sampling
     if not token_ids:
@@ -22,6 +22,9 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager) -
         raise EngineError(f"request {request.request_id!r} is both prefill_only and kv_transfer")
     if request.kv_transfer is not None and len(token_ids) < 2:
         raise EngineError(f"request {request.request_id!r}: kv_transfer needs prompt + first token")
+    if request.kv_transfer is not None and request.kv_transfer.mode != kv_transfer:
+        raise EngineError(f"request {request.request_id!r}: the prefill engine moves KV by "
+                          f"{request.kv_transfer.mode}, this decode engine by {kv_transfer}")
     max_tokens = 1 if request.prefill_only else sampling.max_tokens
     if max_tokens < 1:
         raise EngineError(f"request {request.request_id!r}: max_tokens must be >= 1")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.protocol import KvTransferMode
 from common.timing import TimingModel
+from services.worker.engine import DEFAULT_KV_TRANSFER
 
 if TYPE_CHECKING:
     from common.kvtier.client import TierBackend
@@ -38,3 +40,7 @@ class MockEngineConfig:
     tier: TierBackend | None = None
     # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
     tier_write_through: bool = False
+    # How a decode request's prompt KV arrives (as vLLM on CPU): "pull", a READ the decode engine runs inside
+    # its step, so the step that starts it lasts the transfer's time longer (every sequence in it waits);
+    # "push", the prefill engine WRITEs it, off the decode engine's steps (only the request itself waits).
+    kv_transfer: KvTransferMode = DEFAULT_KV_TRANSFER

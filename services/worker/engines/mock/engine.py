@@ -87,7 +87,7 @@ class MockEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self._check_serving()
         check_supported(request.request_id, request.sampling)
-        spec = seq_spec(request, self.max_model_len, self._blocks)
+        spec = seq_spec(request, self.max_model_len, self._blocks, self.config.kv_transfer)
         request_id = request.request_id
         if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
             num_onboard = await self._tier.onboard_tokens(request.token_ids)
@@ -209,8 +209,7 @@ class MockEngine:
             while True:
                 plan = self._scheduler.schedule() if self._scheduler.has_work() else StepPlan()
                 self._collect_events()
-                for load in plan.loads:
-                    self._start_load(load)
+                in_step_s = sum(self._start_load(load) for load in plan.loads)
                 if not (plan.prefills or plan.decode_seq_ids):
                     # Nothing to compute until a request arrives or leaves, or a transfer lands.
                     self._wakeup.clear()
@@ -218,7 +217,7 @@ class MockEngine:
                     continue
                 step_s = self.config.timing.step_s(
                     plan.num_prefill_tokens, len(plan.decode_seq_ids), plan.num_decode_kv_tokens
-                )
+                ) + in_step_s
                 await asyncio.sleep(step_s)  # sleep(0) at infinite speedup still lets others run
                 self._note_prefill_rate(plan.num_prefill_tokens, step_s)
                 self._apply(plan)
@@ -272,6 +271,7 @@ class MockEngine:
                     remote_engine_id=self.config.engine_id,
                     remote_block_ids=output.block_ids,
                     num_bytes=len(live.request.token_ids) * self.config.kv_bytes_per_token,
+                    mode=self.config.kv_transfer,
                 )
         live.queue.put_nowait(
             EngineOutput(
@@ -287,8 +287,9 @@ class MockEngine:
 
     # -------------------------------------------------------------------------------------- transfers
 
-    def _start_load(self, load: KvLoad) -> None:
-        """Simulate pulling a request's prompt KV: the blocks are held now, usable after the transfer time."""
+    def _start_load(self, load: KvLoad) -> float:
+        """Simulate pulling a request's prompt KV: the blocks are held now, usable after the transfer time.
+        Returns the seconds the transfer adds to this step: a pull from a prefill worker runs inside it."""
         num_bytes = load.num_tokens * self.config.kv_bytes_per_token
         transfer_s = self.config.timing.transfer_s(num_bytes)
         loop = asyncio.get_running_loop()
@@ -298,6 +299,7 @@ class MockEngine:
         handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard,
                                  src_worker_id)
         self._load_handles[load.seq_id] = handle
+        return transfer_s if self.config.kv_transfer == "pull" and not load.onboard else 0.0
 
     def _finish_load(self, seq_id: str, num_bytes: int, transfer_s: float, onboard: bool = False,
                      src_worker_id: str = "") -> None:

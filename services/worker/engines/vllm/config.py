@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from common.protocol import KvTransferMode
+from services.worker.engine import DEFAULT_KV_TRANSFER
+
 KvRole = Literal["prefill", "decode", "both"]
 
 
@@ -31,6 +34,10 @@ class VllmEngineConfig:
     # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
     # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
     kv_role: KvRole | None = "both"
+    # How KV moves between a prefill and a decode engine (vLLM 0.32's NIXL connectors): "pull", the decode engine
+    # READs the prefill engine's blocks (NixlConnector); "push", the prefill engine WRITEs them into blocks the
+    # decode engine allocated and registered with it (NixlPushConnector). Both engines of a pair use the same.
+    kv_transfer: KvTransferMode = DEFAULT_KV_TRANSFER
     # Bind address of vLLM's NIXL side channel (the handshake socket decode engines dial; 0.0.0.0: every
     # interface) and the host decode engines are told to dial in our kv_transfer_params ("" = the bind address;
     # required when that is a wildcard). vLLM advertises its bind address as is; we rewrite it (params.py).

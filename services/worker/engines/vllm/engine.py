@@ -10,6 +10,10 @@ P/D mechanism (vLLM 0.32 NixlConnector, pull mode):
   ``do_remote_prefill``: it pulls every prompt block, recomputes the last prompt position for logits, and a
   logits processor (``vllm_first_token``) forces that step to the prefill's first token, which we drop.
 - a failed pull is recomputed locally (``kv_load_failure_policy="recompute"``).
+- push (``kv_transfer="push"``, vLLM's NixlPushConnector): the same two requests in the same order. The decode
+  engine allocates the prompt's blocks when it admits the request and registers them with the prefill engine
+  (a NIXL notification); the prefill engine, still holding the prompt's blocks, matches the registration to its
+  finished request by request id and WRITEs the KV into them. The decode engine's step issues no READ.
 
 Environment (see ``engine_process_env``): LD_PRELOAD must be set before the worker process starts (the
 dynamic loader reads it); the VLLM_* variables are read when vLLM starts its engine core and may be set
@@ -48,6 +52,8 @@ from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSourc
 log = structlog.get_logger(__name__)
 
 _VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
+# vLLM 0.32's names (kv_connector/factory.py): NixlConnector is the pull connector's old name.
+_NIXL_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -120,6 +126,7 @@ class VllmEngine:
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             kv_role=self.config.kv_role,
+            kv_transfer=self.config.kv_transfer,
         )
 
     def _engine_kwargs(self) -> dict[str, Any]:
@@ -182,9 +189,12 @@ class VllmEngine:
 
         cfg = self.config
         role = _VLLM_KV_ROLES[cfg.kv_role or "both"]
-        nixl = {"kv_connector": "NixlConnector", "kv_role": role,
+        nixl = {"kv_connector": _NIXL_CONNECTORS[cfg.kv_transfer], "kv_role": role,
                 "kv_buffer_device": "cuda" if _has_cuda() else "cpu",
-                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s}}
+                # Push: a decode engine's registration no WRITE answered within the prefill's lease never will
+                # be (the blocks are gone); vLLM's default waits 480 s.
+                "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s,
+                                              "push_registration_timeout": cfg.kv_lease_s}}
         tier = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": MODULE_PATH, "kv_role": role,
                 "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
                                               "worker_id": cfg.engine_id or "vllm",
@@ -207,7 +217,7 @@ class VllmEngine:
         params, forced_token = to_vllm_sampling(request, self.model_info)
         prompt_ids = list(request.token_ids[:-1] if forced_token is not None else request.token_ids)
         if request.kv_transfer is not None:
-            params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer)
+            params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer, self.config.kv_transfer)
         elif request.kvtier_remote:  # read by our kvtier connector
             params.extra_args["kv_transfer_params"] = {"kvtier_remote": request.kvtier_remote}
         failures_before = self._stats.num_transfer_failures
@@ -250,7 +260,7 @@ class VllmEngine:
         kv_transfer = None
         if request.prefill_only and reason != "abort":
             kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block,
-                                              self._nixl_advertise)
+                                              self._nixl_advertise, self.config.kv_transfer)
         pulled = request.kv_transfer is not None
         return EngineOutput(
             request_id=request.request_id,

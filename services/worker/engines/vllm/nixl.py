@@ -1,4 +1,5 @@
-"""vLLM's NixlConnector on CPU, fixed for one-core-per-engine: keep the engine's core, no spinning thread.
+"""vLLM's NIXL connectors (pull and push) on CPU, fixed for one-core-per-engine: keep the engine's core, no
+spinning thread.
 
 1. Core pinning. On CPU, vLLM 0.32's NIXL worker (``base_worker.py``, "reserve different cores for
 start_load_kv() from model_forward()") calls ``os.sched_setaffinity(0, [last core of each NUMA node])`` from
@@ -35,6 +36,12 @@ What the thread is for depends on the engine's side of a READ:
   2.2-5.1 ms. vLLM calls the agent from its handshake thread too, so this agent serializes its own calls
   (``NIXL_THREAD_SYNC_RW``; vLLM's default mode does not).
 
+Push (``NixlPushConnector``) turns the sides around: the prefill engine WRITEs, the decode engine is the target.
+The same rule follows the transfer, not the role: the WRITE initiator (prefill) runs without a thread, the
+target (decode, and ``kv_both``) keeps one at 1 ms. Both sides then share their agent between threads: vLLM's
+``nixl-push-writer`` thread sends and receives the notifications and posts the WRITEs while the engine thread
+polls transfer states, so every push agent serializes its calls (``NIXL_THREAD_SYNC_RW``).
+
 vLLM offers no setting for either, so the engine names this module's class as vLLM's ``worker_extension_cls``:
 vLLM imports it in the worker process before it creates the KV connector, and importing it makes every nixl
 agent built by ``nixl._api.nixl_agent`` take these settings.
@@ -57,6 +64,8 @@ class ProgressThread:
 
     enabled: bool
     delay_us: int = 0
+    # Serialize the agent's calls (NIXL_THREAD_SYNC_RW): more than one thread uses it.
+    sync_rw: bool = False
 
 
 def _keep_core() -> None:
@@ -79,21 +88,29 @@ def _keep_core() -> None:
     base_worker.os = _Os("os")
 
 
-def progress_thread_for(kv_role: str | None) -> ProgressThread:
-    if kv_role == "kv_consumer":  # the READ initiator drives its own transfers
-        return ProgressThread(enabled=False)
-    return ProgressThread(enabled=True, delay_us=TARGET_DELAY_US)
+def progress_thread_for(kv_role: str | None, mode: str = "pull") -> ProgressThread:
+    """The settings of an agent on its side of a transfer: ``mode`` "pull" (READ) or "push" (WRITE)."""
+    initiator = "kv_producer" if mode == "push" else "kv_consumer"
+    if kv_role == initiator:  # drives its own transfers
+        return ProgressThread(enabled=False, sync_rw=True)
+    return ProgressThread(enabled=True, delay_us=TARGET_DELAY_US, sync_rw=mode == "push")
 
 
-def _current_kv_role() -> str | None:
+def _current_kv() -> tuple[str | None, str]:
+    """The KV role and transfer mode ("pull" or "push") of the vLLM config being built."""
     # vLLM builds the KV connector (and its agent) inside set_current_vllm_config.
     try:
         from vllm.config import get_current_vllm_config
 
         kv = get_current_vllm_config().kv_transfer_config
     except Exception:  # noqa: BLE001 - no current config (an agent made outside vLLM): a target's thread
-        return None
-    return kv.kv_role if kv is not None else None
+        return None, "pull"
+    if kv is None:
+        return None, "pull"
+    # Our kvtier connector may sit beside NIXL in a MultiConnector: the NIXL child names the mode.
+    names = [kv.kv_connector] + [c.get("kv_connector") for c in
+                                 (kv.kv_connector_extra_config or {}).get("connectors", ())]
+    return kv.kv_role, "push" if "NixlPushConnector" in names else "pull"
 
 
 def _patch() -> bool:
@@ -117,12 +134,13 @@ def _patch() -> bool:
             return getattr(real, name)
 
     def nixl_agent(name: str, config: Any) -> Any:
-        thread = progress_thread_for(_current_kv_role())
+        thread = progress_thread_for(*_current_kv())
         if not thread.enabled:
             config.useProgThread = False
-            config.syncMode = real.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
         elif getattr(config, "useProgThread", False) and config.pthrDelay < thread.delay_us:
             config.pthrDelay = thread.delay_us
+        if thread.sync_rw:
+            config.syncMode = real.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
         return real.nixlAgent(name, config)
 
     bindings = _Bindings(real.__name__)

@@ -1,4 +1,4 @@
-"""Translation between our request types and vLLM 0.32's SamplingParams / NixlConnector transfer params."""
+"""Translation between our request types and vLLM 0.32's SamplingParams / NIXL connectors' transfer params."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from common.errors import EngineError
-from common.protocol import KvTransferParams, StructuredOutput, TokenLogprobs
+from common.protocol import (
+    KvTransferMode,
+    KvTransferParams,
+    StructuredOutput,
+    TokenLogprobs,
+)
 from common.tiny_model import ModelInfo
 from services.worker.engine import EngineRequest
 from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
@@ -94,9 +99,19 @@ def token_logprobs(token_ids: tuple[int, ...], positions: Any, num_top: int) -> 
     return tuple(out)
 
 
-def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
-    """The kv_transfer_params a decode request gives vLLM's NixlConnector (key names as 0.32 reads them)."""
-    if not kv.remote_request_id:
+def decode_kv_params(kv: KvTransferParams, mode: KvTransferMode = "pull") -> dict[str, Any]:
+    """The kv_transfer_params a decode request gives vLLM's NIXL connector (key names as 0.32 reads them).
+
+    Pull (NixlConnector) READs ``remote_block_ids`` of request ``remote_request_id``. Push (NixlPushConnector)
+    ignores both: the decode engine allocates its blocks, sends them to the prefill engine's agent (a NIXL
+    notification through the side channel named here), and the prefill engine matches that registration with
+    its finished request by request id (vLLM's random suffix stripped): the decode request must carry the
+    prefill request's id, as the frontend's does.
+    """
+    if kv.mode != mode:
+        raise EngineError(f"the prefill engine moves KV by {kv.mode}, this decode engine by {mode}: start every "
+                          f"worker of a pool pair with the same --kv-transfer")
+    if mode == "pull" and not kv.remote_request_id:
         raise EngineError("KvTransferParams.remote_request_id is empty; vLLM's NixlConnector needs it")
     if not kv.remote_host:
         raise EngineError("KvTransferParams.remote_host is empty: the prefill worker named no NIXL side channel")
@@ -114,7 +129,7 @@ def decode_kv_params(kv: KvTransferParams) -> dict[str, Any]:
 
 
 def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int,
-                        advertise_host: str = "") -> KvTransferParams:
+                        advertise_host: str = "", mode: KvTransferMode = "pull") -> KvTransferParams:
     """Type the kv_transfer_params a finished prefill-only request returns.
 
     vLLM puts its side channel's *bind* address (VLLM_NIXL_SIDE_CHANNEL_HOST) in remote_host; a decode engine
@@ -136,6 +151,8 @@ def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int,
             tp_size=int(params.get("tp_size", 1)),
             remote_request_id=str(params["remote_request_id"]),
             num_bytes=len(block_ids) * kv_bytes_per_block,
+            # vLLM 0.32 names its connector's mode; older ones do not (the engine's own setting then).
+            mode="push" if params.get("transfer_mode", mode) == "push" else "pull",
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"unexpected kv_transfer_params from vLLM: {params!r}") from exc

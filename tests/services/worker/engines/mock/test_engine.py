@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import EngineError
 from common.hashing import block_hashes
-from common.protocol import SamplingParams
+from common.protocol import KvTransferParams, SamplingParams
 from common.timing import TimingModel
 from services.worker.engine import Engine, EngineOutput, EngineRequest
 from services.worker.engines.mock.block_manager import BlocksStored
@@ -237,4 +237,38 @@ async def test_load_reports_queued_prefill_tokens_and_the_measured_prefill_rate(
     # Decode steps and short prefills (the last token after a pull) leave the rate alone.
     await _collect(eng, _request("b", tuple(range(5, 10)), max_tokens=2))
     assert eng.load().prefill_tokens_per_s == pytest.approx(20_000.0)
+    await eng.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+async def test_a_pull_stalls_the_decode_step_a_push_does_not(mode: str) -> None:
+    # 10 ms decode steps, 0.4 s to move a prompt's KV. Pull: the decode engine READs inside a step, so a
+    # stream decoding beside it waits the whole transfer once. Push: the prefill engine WRITEs; the stream goes on.
+    timing = TimingModel(prefill_coeffs_s=(0.0,), decode_base_s=0.01, decode_per_seq_s=0.0,
+                         decode_per_kv_token_s=0.0, transfer_latency_s=0.4)
+    eng = MockEngine(_config(timing=timing, kv_transfer=mode))
+    await eng.start()
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+
+    async def steady() -> None:
+        async for _ in eng.generate(_request("steady", tuple(range(5, 10)), max_tokens=60)):
+            times.append(loop.time())
+
+    task = asyncio.create_task(steady())
+    while len(times) < 5:
+        await asyncio.sleep(0.005)
+    kv = KvTransferParams(remote_engine_id="prefill-0", remote_block_ids=(0, 1, 2), mode=mode)
+    pulled = await _collect(eng, _request("pd", PROMPT + (7,), 3, kv_transfer=kv))
+    await task
+    assert pulled[-1].finish_reason == "length" and eng.counters().num_transfers == 1
+    longest_gap_s = max(b - a for a, b in zip(times, times[1:]))
+    if mode == "pull":
+        assert longest_gap_s >= 0.4
+    else:
+        assert longest_gap_s < 0.2
+    # The other mode's prefill engine is refused, not silently mixed.
+    other = KvTransferParams(remote_engine_id="p", remote_block_ids=(0,), mode="push" if mode == "pull" else "pull")
+    with pytest.raises(EngineError, match="moves KV by"):
+        await _collect(eng, _request("mixed", PROMPT + (7,), 3, kv_transfer=other))
     await eng.shutdown()

@@ -45,7 +45,8 @@ def _free_port() -> int:
 class SmokeEngine:
     """One engine process spoken to with JSON lines."""
 
-    def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str, log_dir: Path) -> None:
+    def __init__(self, model: Path, core_id: int, engine_id: str, kv_role: str, log_dir: Path,
+                 kv_transfer: str = "pull") -> None:
         from services.worker.engines.vllm.config import (
             VllmEngineConfig,
             engine_process_env,
@@ -53,7 +54,8 @@ class SmokeEngine:
 
         port = _free_port()
         config = VllmEngineConfig(
-            model=model, dtype="float32", kv_role=kv_role, nixl_side_channel_port=port, engine_id=engine_id
+            model=model, dtype="float32", kv_role=kv_role, nixl_side_channel_port=port, engine_id=engine_id,
+            kv_transfer=kv_transfer,
         )
         fields = {
             "model": str(model),
@@ -61,6 +63,7 @@ class SmokeEngine:
             "kv_role": kv_role,
             "nixl_side_channel_port": port,
             "engine_id": engine_id,
+            "kv_transfer": kv_transfer,
         }
         env = {**os.environ, **engine_process_env(config, core_id), "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
         self.log_path = log_dir / f"{engine_id}.log"

@@ -33,16 +33,22 @@ def _real_bindings():
     return api, sys.modules[api.nixlBind.__name__]
 
 
-@pytest.mark.parametrize(("kv_role", "thread", "delay_us", "sync_rw"), [
-    ("kv_consumer", False, 0, True),              # decode: drives its own READs; vLLM's handshake thread shares it
-    ("kv_producer", True, ext.TARGET_DELAY_US, False),  # prefill: READs of its blocks wait on its progress
-    (None, True, ext.TARGET_DELAY_US, False),     # an agent made outside vLLM's config
+@pytest.mark.parametrize(("kv_role", "mode", "thread", "delay_us", "sync_rw"), [
+    ("kv_consumer", "pull", False, 0, True),   # decode: drives its own READs; vLLM's handshake thread shares it
+    ("kv_producer", "pull", True, ext.TARGET_DELAY_US, False),  # prefill: READs of its blocks wait on its progress
+    (None, "pull", True, ext.TARGET_DELAY_US, False),     # an agent made outside vLLM's config
+    # Push: the prefill engine WRITEs (initiator, no thread), the decode engine is the target; vLLM's push
+    # writer thread shares both agents with the engine thread.
+    ("kv_producer", "push", False, 0, True),
+    ("kv_consumer", "push", True, ext.TARGET_DELAY_US, True),
+    ("kv_both", "push", True, ext.TARGET_DELAY_US, True),
 ])
-def test_agents_vllm_builds_get_the_settings_of_their_side(monkeypatch, kv_role, thread, delay_us, sync_rw) -> None:
+def test_agents_vllm_builds_get_the_settings_of_their_side(monkeypatch, kv_role, mode, thread, delay_us,
+                                                           sync_rw) -> None:
     api, real = _real_bindings()
     made = []
     monkeypatch.setattr(real, "nixlAgent", lambda name, config: made.append(config) or "agent")
-    monkeypatch.setattr(ext, "_current_kv_role", lambda: kv_role)
+    monkeypatch.setattr(ext, "_current_kv", lambda: (kv_role, mode))
     config = real.nixlAgentConfig(True)  # what vLLM asks for: a progress thread, delay 0 (a spinning core)
     assert (config.useProgThread, config.pthrDelay) == (True, 0)
     assert api.nixlBind.nixlAgent("a", config) == "agent"  # vLLM's call goes through the patched bindings
@@ -51,3 +57,20 @@ def test_agents_vllm_builds_get_the_settings_of_their_side(monkeypatch, kv_role,
     if thread:
         assert config.pthrDelay == delay_us
     assert (config.syncMode == real.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW) is sync_rw
+
+
+@pytest.mark.parametrize(("connector", "extra", "mode"), [
+    ("NixlConnector", {}, "pull"),
+    ("NixlPushConnector", {}, "push"),
+    # kvtier beside NIXL: vLLM's MultiConnector names its children in the extra config.
+    ("MultiConnector", {"connectors": [{"kv_connector": "NixlPushConnector", "kv_role": "kv_consumer"},
+                                         {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"}]}, "push"),
+    ("MultiConnector", {"connectors": [{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"},
+                                         {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"}]}, "pull"),
+])
+def test_the_transfer_mode_is_read_off_the_config_vllm_is_building(connector, extra, mode) -> None:
+    from vllm.config import KVTransferConfig, VllmConfig, set_current_vllm_config
+
+    kv = KVTransferConfig(kv_connector=connector, kv_role="kv_consumer", kv_connector_extra_config=extra)
+    with set_current_vllm_config(VllmConfig(kv_transfer_config=kv)):
+        assert ext._current_kv() == ("kv_consumer", mode)

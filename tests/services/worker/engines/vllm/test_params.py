@@ -138,3 +138,23 @@ def test_token_logprobs_from_vllm_positions() -> None:
     assert [(lp.token_id, lp.logprob) for lp in out] == [(5, -0.2), (8, -4.0)]
     assert out[0].top == ((5, -0.2), (6, -1.9)) and out[1].top == ((6, -0.1), (5, -2.5))
     assert token_logprobs((5,), None, 2) == ()
+
+
+def test_push_params_name_the_side_channel_not_the_request() -> None:
+    from services.worker.engines.vllm.params import (
+        decode_kv_params,
+        kv_params_from_vllm,
+    )
+
+    kv = kv_params_from_vllm({**VLLM_PREFILL_PARAMS, "transfer_mode": "push"}, 1000, mode="push")
+    assert kv.mode == "push"
+    # Push matches the decode engine's block registration to the prefill request by request id, not by
+    # remote_request_id: an engine that names none still works.
+    decode = decode_kv_params(replace(kv, remote_request_id=""), "push")
+    assert decode["do_remote_prefill"] is True and decode["remote_host"] == "127.0.0.1"
+    assert (decode["remote_engine_id"], decode["remote_port"]) == ("prefill-0", 15611)
+    # Pull and push engines cannot talk (vLLM's NIXL handshake compares their modes): refused, named.
+    with pytest.raises(EngineError, match="moves KV by push, this decode engine by pull"):
+        decode_kv_params(kv, "pull")
+    with pytest.raises(EngineError, match="moves KV by pull, this decode engine by push"):
+        decode_kv_params(kv_params_from_vllm(VLLM_PREFILL_PARAMS, 1000), "push")

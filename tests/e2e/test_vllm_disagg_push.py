@@ -1,0 +1,43 @@
+"""Push through the HTTP API: `up --kv-transfer push`, a vLLM prefill worker WRITEs each long prompt's KV into
+the decode worker's blocks (vLLM NixlPushConnector), against one vLLM engine doing both. fp32, greedy: outputs
+must match token for token. The frontend gives the prefill and the decode request one id: that id is what the
+prefill engine matches the decode engine's block registration by."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from bench.lib.graph import start_graph, wait_until, worker_stats
+from tests.e2e.test_disaggregation_mock import metric
+from tests.e2e.test_vllm_disagg import VLLM_ARGS, complete, prompt
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                    reason="vllm not installed")]
+LENGTHS = (65, 257, 1500)  # all above --local-prefill-max-tokens 64: every one prefills remotely
+
+
+def test_pushed_kv_through_http_equals_aggregated(tmp_path) -> None:
+    pd = start_graph(tmp_path, *VLLM_ARGS, "--prefill", "1", "--decode", "1", "--kv-transfer", "push")
+    try:
+        got = {n: complete(pd, prompt(n, salt=n)) for n in LENGTHS}
+        remote = metric(pd, 'splitserve_frontend_prefill_decisions_total{where="remote"}')
+        failures = metric(pd, "splitserve_frontend_kv_transfer_failures_total")
+        # The prefill worker's WRITEs, in vLLM's NIXL telemetry, reach the router with its next heartbeat.
+        assert wait_until(lambda: worker_stats(pd.router)["prefill-0"].num_transfers == len(LENGTHS), timeout_s=10)
+        stats = worker_stats(pd.router)
+    finally:
+        pd.stop()
+    assert remote == len(LENGTHS) and not failures
+    prefill, decode = stats["prefill-0"], stats["decode-1"]
+    # One WRITE per prompt, of every block of it (fp32 tiny model: 128 KiB per 32-token block); no READ.
+    assert prefill.num_transfer_failures == 0
+    assert prefill.num_transfer_bytes == sum(-(-n // 32) for n in LENGTHS) * 32 * 2 * 4 * 2 * 64 * 4
+    assert decode.num_transfers == 0
+    agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1")
+    try:
+        for n in LENGTHS:
+            assert complete(agg, prompt(n, salt=n)) == got[n], f"prompt of {n} tokens"
+    finally:
+        agg.stop()
