@@ -15,6 +15,7 @@ import typer
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
+    CurveDir,
     LogJson,
     LogLevel,
     validated,
@@ -104,6 +105,9 @@ def up(
     router_port: int = typer.Option(0, help="Router's ZeroMQ port (0: any free one)", rich_help_panel=NETWORK),
     frontends: int = typer.Option(1, min=1, help="Frontend processes sharing --port (SO_REUSEPORT)",
                                   rich_help_panel=NETWORK),
+    curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
+                               "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
+    curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
     # Logging and metrics
     log_level: str = _in_panel(LogLevel, LOGGING),
     log_json: bool = _in_panel(LogJson, LOGGING),
@@ -121,6 +125,8 @@ def up(
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
+    if curve and curve_dir is not None:
+        raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     if model is not None:
         validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
     planner_spec = PlannerSpec(
@@ -137,5 +143,6 @@ def up(
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
-                     planner=planner_spec if planner else None, num_frontends=frontends)
+                     planner=planner_spec if planner else None, num_frontends=frontends, curve=curve,
+                     curve_dir=curve_dir)
     raise typer.Exit(launch(spec))

@@ -74,6 +74,9 @@ class GraphSpec:
     metrics_sd_file: Path | None = None
     # Frontend processes sharing the HTTP port (SO_REUSEPORT), each its own event loop.
     num_frontends: int = 1
+    # CURVE on every socket (cli/graph_keys.py): fresh keys for this run, or a `keys make` root.
+    curve: bool = False
+    curve_dir: Path | None = None
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
