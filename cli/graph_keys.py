@@ -22,10 +22,15 @@ def graph_services(kvtier: bool, planner: bool) -> tuple[str, ...]:
     return ("router", "worker", "frontend") + (("kvtier",) if kvtier else ()) + (("planner", "scaler") if planner else ())
 
 
+def check_graph_keys(curve_dir: Path, services: tuple[str, ...]) -> None:
+    """``SplitserveError`` when a given root lacks usable keys for one of ``services`` (before anything starts)."""
+    for service in services:
+        load_curve_keys(curve_dir / service)
+
+
 @contextmanager
-def graph_keys(curve_dir: Path | None, fresh: bool, services: tuple[str, ...]) -> Iterator[Path | None]:
-    """The keys root for the graph's children (None: plain TCP). A given root missing a service's keys raises
-    ``SplitserveError`` before anything starts."""
+def graph_keys(curve_dir: Path | None, fresh: bool) -> Iterator[Path | None]:
+    """The keys root for the graph's children (None: plain TCP)."""
     if fresh:
         root = Path(tempfile.mkdtemp(prefix="splitserve-curve-"))  # 0700: only this user reaches the secrets
         try:
@@ -37,10 +42,7 @@ def graph_keys(curve_dir: Path | None, fresh: bool, services: tuple[str, ...]) -
     if curve_dir is None:
         yield None
         return
-    root = curve_dir.resolve()
-    for service in services:
-        load_curve_keys(root / service)
-    yield root
+    yield curve_dir.resolve()
 
 
 def scaler_keys(root: Path | None) -> CurveKeys | None:

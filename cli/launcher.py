@@ -36,7 +36,7 @@ from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks im
     worker_commands,
     worker_roles,
 )
-from cli.graph_keys import graph_keys, graph_services, scaler_keys
+from cli.graph_keys import check_graph_keys, graph_keys, graph_services, scaler_keys
 from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
 from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
@@ -50,12 +50,14 @@ def launch(spec: GraphSpec) -> int:
         # Another graph's, most likely: fail before touching anything of its own (its target list included).
         log.error("port_in_use", host=spec.host, port=spec.port)
         return 1
-    try:
-        with graph_keys(spec.curve_dir, spec.curve, graph_services(spec.kvtier, spec.planner is not None)) as keys:
-            return _launch(spec, keys)
-    except SplitserveError as exc:  # keys given with --curve-dir that a service cannot use
-        log.error("curve_keys_unusable", error=str(exc))
-        return 2
+    if spec.curve_dir is not None:
+        try:
+            check_graph_keys(spec.curve_dir, graph_services(spec.kvtier, spec.planner is not None))
+        except SplitserveError as exc:  # one line now, not every child failing its start
+            log.error("curve_keys_unusable", error=str(exc))
+            return 2
+    with graph_keys(spec.curve_dir, spec.curve) as keys:
+        return _launch(spec, keys)
 
 
 def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
