@@ -86,6 +86,7 @@ def planner_cmd(
 def planner_events(
     events: str = typer.Option(planner_defaults.EVENTS_ENDPOINT, help="The planner's PUB socket"),
     count: int = typer.Option(0, help="Exit after this many (0: never)"),
+    curve_dir: Optional[Path] = CurveDir,
 ) -> None:
     """Print the planner's ScaleRequests as JSON lines, for an orchestrator script (systemd, kubectl)."""
     import json
@@ -95,11 +96,10 @@ def planner_events(
     from common.errors import ProtocolError
     from common.protocol import ScaleRequest, decode
 
+    from services.planner.subscribe import subscribe_scale_requests
+
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(events)
+    sub = subscribe_scale_requests(ctx, events, transport(curve_dir, "scaler").curve)  # `keys make`'s OUT/scaler
     try:
         seen = 0
         while count == 0 or seen < count:

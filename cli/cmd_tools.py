@@ -8,9 +8,9 @@ import typer
 
 
 def keys_make(out: Path = typer.Option(Path("keys"), help="Output directory")) -> None:
-    """Write a CURVE keypair per service (router, worker, kvtier, frontend, planner) under OUT/<service>/, with
-    the public keys of the servers it dials and of the clients it accepts; give each service its directory
-    (--curve-dir OUT/<service>). Secret key files are 0600."""
+    """Write a CURVE keypair per service (router, worker, kvtier, frontend, planner, scaler: who follows the
+    planner's ScaleRequests) under OUT/<service>/, with the public keys of the servers it dials and of the clients
+    it accepts; give each service its directory (--curve-dir OUT/<service>, or OUT). Secret key files are 0600."""
     from common.security import make_curve_keys
 
     typer.echo(str(make_curve_keys(out)))

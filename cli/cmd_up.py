@@ -25,6 +25,7 @@ from cli.graph_spec import UP_KV_TRANSFER
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
+    CurveDir,
     LogJson,
     LogLevel,
     kv_transfer_checked,
@@ -126,6 +127,9 @@ def up(
     body_timeout_s: float = _in_panel(BodyTimeoutS, FRONTEND),
     keepalive_timeout_s: float = _in_panel(KeepaliveTimeoutS, FRONTEND),
     max_connections: int = _in_panel(MaxConnections, FRONTEND),
+    curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
+                               "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
+    curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
     # Logging and metrics
     log_level: str = _in_panel(LogLevel, LOGGING),
     log_json: bool = _in_panel(LogJson, LOGGING),
@@ -144,6 +148,8 @@ def up(
     if engine not in ("mock", "vllm"):
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
     kv_transfer_checked(kv_transfer)
+    if curve and curve_dir is not None:
+        raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     if model is not None:
         validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
     planner_spec = PlannerSpec(
@@ -171,5 +177,6 @@ def up(
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
                      planner=planner_spec if planner else None, num_frontends=frontends,
-                     http_limits=limits)
+                     http_limits=limits, curve=curve,
+                     curve_dir=curve_dir)
     raise typer.Exit(launch(spec))

@@ -20,6 +20,7 @@ from cli.options import (
     Node,
     Zone,
     address_checked,
+    curve_key_dir,
     default_node,
     kv_transfer_checked,
     reexec_with_engine_env,
@@ -104,6 +105,7 @@ def worker(
     node = node or default_node()
     # PIDs repeat across machines (every container's first process is 1): the node keeps default ids apart.
     wid = worker_id or f"{role}-{node}-{os.getpid()}"
+    own_transport = transport(curve_dir, "worker")  # bad keys: a one-line error now
     if engine == "mock":
         from common.timing import TimingModel
         from services.worker.engines.mock.config import MockEngineConfig
@@ -127,7 +129,7 @@ def worker(
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid,
-            tier=_tier_client(kvtier, wid, transport(curve_dir, "worker").curve),
+            tier=_tier_client(kvtier, wid, own_transport.curve),
             tier_write_through=bool(kvtier_write_through), kv_transfer=kv_transfer))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
@@ -144,7 +146,9 @@ def worker(
             nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
-            kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
+            kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False,
+            # Loaded (checked) above; vLLM's processes load them again from this path (no key material in argv).
+            kvtier_curve_dir=str(curve_key_dir(curve_dir, "worker") or ""))
         if core is not None and core in os.sched_getaffinity(0):
             # The whole process tree (vLLM's engine core and model processes are our children) stays on its
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
@@ -157,7 +161,7 @@ def worker(
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
                                          node=node, zone=zone,
-                                         transport=transport(curve_dir, "worker"), metrics_port=metrics_port,
+                                         transport=own_transport, metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
     run_service(service.run, on_term=service.drain)

@@ -84,6 +84,9 @@ class GraphSpec:
     num_frontends: int = 1
     # Every frontend's HTTP limits (header bytes, timeouts, connections, body cap).
     http_limits: HttpLimits = HttpLimits()
+    # CURVE on every socket (cli/graph_keys.py): fresh keys for this run, or a `keys make` root.
+    curve: bool = False
+    curve_dir: Path | None = None
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 
 import structlog
 
@@ -36,9 +37,11 @@ from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks im
     worker_commands,
     worker_roles,
 )
+from cli.graph_keys import check_graph_keys, graph_keys, graph_services, scaler_keys
 from cli.metrics_targets import default_sd_path, metrics_target, write_sd_file
 from cli.ports import _ephemeral_range, free_port, port_in_use  # noqa: F401 (re-exported)
 from cli.scaling import PoolMember, ScaleEvents, scale_actions
+from common.errors import SplitserveError
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +51,17 @@ def launch(spec: GraphSpec) -> int:
         # Another graph's, most likely: fail before touching anything of its own (its target list included).
         log.error("port_in_use", host=spec.host, port=spec.port)
         return 1
+    if spec.curve_dir is not None:
+        try:
+            check_graph_keys(spec.curve_dir, graph_services(spec.kvtier, spec.planner is not None))
+        except SplitserveError as exc:  # one line now, not every child failing its start
+            log.error("curve_keys_unusable", error=str(exc))
+            return 2
+    with graph_keys(spec.curve_dir, spec.curve) as keys:
+        return _launch(spec, keys)
+
+
+def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
     model = spec.model or DEFAULT_MODEL_DIR
     if spec.model is None and not (model / "config.json").exists():
         from common.tiny_model import make_tiny_model
@@ -59,6 +73,9 @@ def launch(spec: GraphSpec) -> int:
     router_endpoints += [f"tcp://127.0.0.1:{free_port()}" for _ in range(spec.num_routers - 1)]
     router = ",".join(router_endpoints)
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
+    if curve_root is not None:  # each child loads its own <service>/ from the root
+        common += ["--curve-dir", str(curve_root)]
+        log.info("curve_on", keys=str(curve_root), fresh=spec.curve)
     commands = [router_command(spec, endpoint, i) for i, endpoint in enumerate(router_endpoints)]
     # One kvtier for every engine (vLLM workers reach it through our KV connector).
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
@@ -128,7 +145,7 @@ def launch(spec: GraphSpec) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    events = ScaleEvents(planner_events) if planner_events else None
+    events = ScaleEvents(planner_events, scaler_keys(curve_root)) if planner_events else None
     try:
         for cmd in commands:
             children.add(spawn(cmd))  # one at a time: a failed start still stops those already started

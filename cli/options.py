@@ -69,6 +69,14 @@ def address_checked(check: Callable[..., T], *args: object) -> T:
         raise typer.Exit(2) from exc
 
 
+def curve_key_dir(curve_dir: Optional[Path], service: str) -> Optional[Path]:
+    """The service's own key directory: ``curve_dir/<service>`` when `keys make`'s root is given, else ``curve_dir``
+    (absolute: it is handed on to processes that may run elsewhere, such as vLLM's engine core)."""
+    if not curve_dir:
+        return None
+    return (curve_dir / service if (curve_dir / service).is_dir() else curve_dir).resolve()
+
+
 def transport(curve_dir: Optional[Path], service: str):
     """The service's transport; ``curve_dir`` is its own key directory, or the root `keys make` wrote (its
     ``<service>/`` is used: one SPLITSERVE_CURVE_DIR for every service on a host)."""
@@ -76,9 +84,9 @@ def transport(curve_dir: Optional[Path], service: str):
     from common.security import load_curve_keys
     from common.transport import TransportConfig
 
-    if not curve_dir:
+    own = curve_key_dir(curve_dir, service)
+    if own is None:
         return TransportConfig()
-    own = curve_dir / service if (curve_dir / service).is_dir() else curve_dir
     try:
         return TransportConfig(curve=load_curve_keys(own))
     except SplitserveError as exc:

@@ -15,6 +15,8 @@ import zmq
 
 from common.errors import ProtocolError
 from common.protocol import Role, ScaleRequest, decode
+from common.security import CurveKeys
+from services.planner.subscribe import subscribe_scale_requests
 
 log = structlog.get_logger(__name__)
 
@@ -48,12 +50,9 @@ def scale_actions(members: Sequence[PoolMember], role: Role, target: int, max_to
 class ScaleEvents:
     """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, curve: CurveKeys | None = None) -> None:
         self._ctx = zmq.Context()
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.connect(endpoint)
+        self._sub = subscribe_scale_requests(self._ctx, endpoint, curve)
 
     def poll(self) -> dict[str, int]:
         latest: dict[str, int] = {}

@@ -1,7 +1,9 @@
 """ZeroMQ CURVE on every socket: a keypair per service, and a ZAP check of who may connect.
 
 ``splitserve keys make OUT`` writes one directory per service (``OUT/router``, ``OUT/worker``, ``OUT/kvtier``,
-``OUT/frontend``, ``OUT/planner``), each given to that service's ``--curve-dir``:
+``OUT/frontend``, ``OUT/planner``, ``OUT/scaler``), each given to that service's ``--curve-dir``. ``scaler`` is
+whoever follows the planner's ScaleRequests from outside its process (``up``'s launcher, ``planner-events``);
+the planner's own ``--scaler kubernetes`` subscribes with the planner's key.
 
 - ``<service>.key`` / ``<service>.key_secret``: its own keypair (the secret file 0600; a secret readable by
   others is refused at load);
@@ -32,7 +34,9 @@ DIALS: dict[str, tuple[str, ...]] = {
     "worker": ("router", "kvtier"),
     "kvtier": ("router",),
     "frontend": ("router", "worker"),
-    "planner": ("router",),
+    # The planner dials its own PUB too: ``--scaler kubernetes`` follows it from inside the planner's process.
+    "planner": ("router", "planner"),
+    "scaler": ("planner",),
 }
 SERVICES = tuple(DIALS)
 

@@ -24,7 +24,7 @@ from bench.lib.procs import children, tree_pids
 from cli.launcher import free_port
 from common.protocol import GetStats, ListWorkers, WorkerInfo, WorkerList, WorkerStats
 from common.tiny_model import make_tiny_model
-from common.transport import Client, new_id
+from common.transport import Client, TransportConfig, new_id
 
 BANNER = "splitserve is serving"  # the launcher prints it once every worker has registered
 
@@ -125,10 +125,11 @@ def start_graph(log_dir: Path, *args: str, ready_timeout_s: float = 240.0, log_n
         raise
 
 
-async def ask(endpoint: str, message: Any, timeout_s: float = 5.0) -> Any:
-    """One request to a service's ZeroMQ endpoint (router, worker, kvtier) and its reply."""
+async def ask(endpoint: str, message: Any, timeout_s: float = 5.0, transport: TransportConfig = TransportConfig()) -> Any:
+    """One request to a service's ZeroMQ endpoint (router, worker, kvtier) and its reply (``transport``: CURVE keys
+    set ``toward`` that server, for a graph started with ``--curve-dir``)."""
     ctx = zmq.asyncio.Context()
-    client = Client(ctx, endpoint)
+    client = Client(ctx, endpoint, transport)
     try:
         return await client.request(message, timeout_s)
     finally:
@@ -136,8 +137,8 @@ async def ask(endpoint: str, message: Any, timeout_s: float = 5.0) -> Any:
         ctx.destroy(linger=0)
 
 
-async def list_workers(router: str) -> WorkerList:
-    reply = await ask(router, ListWorkers(request_id=new_id("g")))
+async def list_workers(router: str, transport: TransportConfig = TransportConfig()) -> WorkerList:
+    reply = await ask(router, ListWorkers(request_id=new_id("g")), transport=transport)
     assert isinstance(reply, WorkerList)
     return reply
 

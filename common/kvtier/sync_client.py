@@ -35,6 +35,7 @@ from common.protocol import (
     TierStore,
     TierStored,
 )
+from common.security import secure_client
 from common.transport import new_id
 from common.kvtier.transfer import InlineTransfer, block_ok
 from common.kvtier.client import TierClientConfig, next_page
@@ -236,6 +237,9 @@ class SyncTierClient:
         sock.setsockopt(zmq.SNDHWM, self.config.hwm)
         sock.setsockopt(zmq.RCVHWM, self.config.hwm)
         sock.setsockopt(zmq.SNDTIMEO, int(self.config.store_timeout_s * 1000))
+        # CURVE: kvtier's public key is checked, and its ZAP allow-list checks ours (a refused handshake looks
+        # like a kvtier that never answers: a timeout, so a recompute).
+        secure_client(sock, self.config.curve.toward("kvtier") if self.config.curve is not None else None)
         sock.connect(self.config.endpoint)
         return sock
 

@@ -19,6 +19,8 @@ import zmq.asyncio
 
 from common.errors import ProtocolError
 from common.protocol import ScaleRequest, decode
+from common.security import CurveKeys
+from services.planner.subscribe import subscribe_scale_requests
 
 log = structlog.get_logger(__name__)
 
@@ -117,13 +119,11 @@ class KubernetesScaler:
             self.last_seq[request.pool] = request.seq
         return action
 
-    async def follow(self, events_endpoint: str) -> None:
-        """Act on every ScaleRequest the planner publishes at ``events_endpoint``, until cancelled."""
+    async def follow(self, events_endpoint: str, curve: CurveKeys | None = None) -> None:
+        """Act on every ScaleRequest the planner publishes at ``events_endpoint``, until cancelled. ``curve``:
+        the planner's own keys (the planner lists itself as a client of its PUB)."""
         ctx = zmq.asyncio.Context()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(events_endpoint)
+        sub = subscribe_scale_requests(ctx, events_endpoint, curve)
         try:
             while True:
                 try:
@@ -162,7 +162,7 @@ async def run_beside(service: Any, scaler: KubernetesScaler) -> None:
         ready_wait.cancel()
         if planner.done():
             return await planner
-        follow = asyncio.create_task(scaler.follow(service.events_endpoint))
+        follow = asyncio.create_task(scaler.follow(service.events_endpoint, service.config.transport.curve))
         await asyncio.wait({planner, follow}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in (planner, follow):

@@ -26,6 +26,7 @@ import zmq
 from common.errors import RemoteError, TransportTimeout
 from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
 from common.router_set import RouterSet
+from common.security import secure_server
 from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
@@ -101,6 +102,8 @@ class PlannerService:
         secure = open_context(self.config.transport)
         pub = secure.ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
+        # CURVE: only subscribers whose key is in the planner's clients/ (scaler, its own) complete a handshake.
+        secure_server(pub, self.config.transport.curve)
         router = RouterSet(secure.ctx, self.config.router_endpoint, self.config.transport)  # any live replica
         decisions = self.config.decisions_path.open("a") if self.config.decisions_path else None
         try:

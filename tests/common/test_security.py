@@ -173,3 +173,21 @@ def test_curve_dir_root_or_own_directory(tmp_path: Path) -> None:
     assert transport(root, "worker").curve.service == "worker"  # the root: each service takes its own
     assert transport(root / "kvtier", "kvtier").curve.service == "kvtier"
     assert transport(None, "router").curve is None
+
+
+async def test_worker_talks_only_to_the_router_key_it_knows(keys, tmp_path: Path) -> None:
+    """Server authentication, the other half: an impostor router (another keypair, with an allow-list that would
+    take our worker) never gets our worker's registration, so it can never send it requests on that connection
+    (KvSnapshotRequest, not_registered) nor receive its KV events; the real router beside it does."""
+    theirs = load_curve_keys(make_curve_keys(tmp_path / "impostor") / "router")
+    impostor_keys = TransportConfig(curve=replace(theirs, allowed_clients_dir=keys["router"].curve.allowed_clients_dir))
+    async with (_running(RouterService(RouterConfig(endpoint="tcp://127.0.0.1:0", transport=keys["router"]))) as real,
+                _running(RouterService(RouterConfig(endpoint="tcp://127.0.0.1:0", transport=impostor_keys))) as fake):
+        engine = MockEngine(MockEngineConfig(num_blocks=16, block_size=4, max_model_len=64,
+                                             timing=TimingModel(speedup=float("inf"))))
+        worker = WorkerService(WorkerConfig(worker_id="w", role="both", model="m", transport=keys["worker"],
+                                            router_endpoint=f"{fake.endpoint},{real.endpoint}"), engine)
+        async with _running(worker):
+            await asyncio.sleep(2.0)  # the impostor's link retries registration meanwhile (every <= 2 s)
+            assert [e.info.worker_id for e in real.registry.workers()] == ["w"]
+            assert fake.registry.workers() == []

@@ -11,15 +11,16 @@ import pytest
 from cli.launcher import free_port
 from common.kvtier.client import TierClientConfig
 from common.kvtier.sync_client import SyncTierClient
+from common.transport import TransportConfig
 from services.kvtier.service import KvTierConfig, KvTierService
 
 BLOCK_BYTES = 1024
 
 
-def kvtier_service(block_bytes: int = BLOCK_BYTES, nixl: bool = False):
+def kvtier_service(block_bytes: int = BLOCK_BYTES, nixl: bool = False, transport: TransportConfig = TransportConfig()):
     """A kvtier with 64 host slots, served from its own thread and event loop (the clients under test block)."""
     service = KvTierService(KvTierConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", host_bytes=64 * block_bytes,
-                                         block_bytes=block_bytes, nixl=nixl))
+                                         block_bytes=block_bytes, nixl=nixl, transport=transport))
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     tasks: list[asyncio.Task[None]] = []

@@ -62,6 +62,8 @@ class VllmEngineConfig:
     # blocks through to it; alone for role "both", beside NixlConnector (MultiConnector) for prefill/decode.
     kvtier_endpoint: str = ""
     kvtier_write_through: bool = True
+    # The worker's CURVE key directory (``keys make``'s OUT/worker), handed to the connector as a path ("" = plain).
+    kvtier_curve_dir: str = ""
 
 
 def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:

@@ -198,7 +198,8 @@ class VllmEngine:
         tier = {"kv_connector": CONNECTOR_NAME, "kv_connector_module_path": MODULE_PATH, "kv_role": role,
                 "kv_connector_extra_config": {"kvtier_endpoint": cfg.kvtier_endpoint, "hash_seed": cfg.hash_seed,
                                               "worker_id": cfg.engine_id or "vllm",
-                                              "write_through": cfg.kvtier_write_through}}
+                                              "write_through": cfg.kvtier_write_through,
+                                              **({"curve_dir": cfg.kvtier_curve_dir} if cfg.kvtier_curve_dir else {})}}
         use_tier = bool(cfg.kvtier_endpoint)
         if use_tier and _has_cuda():  # the connector handles host-memory KV caches only (its docstring)
             log.warning("kvtier_disabled", reason="KV cache on GPU: the kvtier connector handles host memory only")

@@ -28,7 +28,8 @@ Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the p
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
-``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64). Per request,
+``fetch_timeout_s`` (default 5), ``max_pending_mib`` (write-through queue, default 64), ``curve_dir`` (the
+worker's CURVE key directory: a path, never key material; ``settings.py``). Per request,
 ``kv_transfer_params["kvtier_remote"]`` (the router's pick, ``common.kvtier.sources``) names another host's tier
 for the blocks right after the own tier's run; those are loaded from it (``tier_remotes``) and written through.
 """
@@ -52,7 +53,6 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from common.hashing import block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
-from common.kvtier.client import TierClientConfig
 from services.worker.engines.vllm.tier.plan import (
     BlockPlan,
     RequestState,
@@ -64,6 +64,7 @@ from services.worker.engines.vllm.tier.plan import (
 from services.worker.engines.vllm.tier.remotes import RemoteTiers
 from services.worker.engines.vllm.tier.loader import TierLoader
 from services.worker.engines.vllm.tier.nixl import NixlOnboarder
+from services.worker.engines.vllm.tier.settings import tier_client_config
 from common.kvtier.sync_client import SyncTierClient
 
 if TYPE_CHECKING:
@@ -99,10 +100,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self.fetch_timeout_s = float(extra.get("fetch_timeout_s", 5.0))
         self.transfer = str(extra.get("transfer", "nixl"))
         self.worker_id = str(extra.get("worker_id", "vllm"))
-        self.client = SyncTierClient(TierClientConfig(
-            endpoint=str(extra["kvtier_endpoint"]), worker_id=str(extra.get("worker_id", "vllm")),
-            lookup_timeout_s=float(extra.get("lookup_timeout_s", 0.1)),
-            max_pending_blocks=1024))
+        self.client = SyncTierClient(tier_client_config(extra))
         # Bytes of write-through blocks waiting for kvtier, at most (the oldest are dropped beyond).
         self.max_pending_bytes = int(extra.get("max_pending_mib", 64)) * 1024 * 1024
         # Other hosts' tiers a request's ``kv_transfer_params["kvtier_remote"]`` names (the router's choice).
