@@ -16,7 +16,7 @@ server CPU (all processes) per short request; <= 1.5 ms frontend CPU per 2,000-t
 Cores: the load client is pinned to the last core. With 4+ cores the server gets the others; with fewer it is left
 on every core (so on 2 cores the client, 2 workers, the router and N frontends all compete: the result says so).
 
-    flock /tmp/heavy.lock python bench/frontend.py [--frontends 1,2] [--rounds 2] [--requests 2000]
+    python bench/frontend.py [--frontends 1,2] [--rounds 2] [--requests 2000]
 
 Writes bench/results/frontend.json (results + conditions) and prints a summary.
 """

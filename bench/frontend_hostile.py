@@ -14,7 +14,7 @@ and event-loop lag; over the run: the frontend's RSS (VmRSS) before/peak/after, 
 back, and the goals (bench/lib/hostile_eval.py): hostile TTFT p99 and ITL p99 within 1.2x of baseline; RSS
 after recovery within 10% of before.
 
-    flock /tmp/heavy.lock python bench/frontend_hostile.py [--phase-s 30] [--streams 16] [--osl 64]
+    python bench/frontend_hostile.py [--phase-s 30] [--streams 16] [--osl 64]
 
 Writes bench/results/frontend_hostile.json (results + conditions) and prints a summary.
 """

@@ -12,7 +12,7 @@ Streaming chat completions (max_tokens 16, ignore_eos) at concurrency 64, short 
 prompts, servers interleaved A B C A B C; per run: request rate, TTFT/e2e percentiles and the server's CPU per
 request (utime+stime of its process tree). Writes bench/results/frontend_servers.json.
 
-    flock /tmp/heavy.lock python bench/frontend_servers.py [--requests 2000] [--granian-path DIR]
+    python bench/frontend_servers.py [--requests 2000] [--granian-path DIR]
 
 The ASGI adapter does not watch for client disconnects (the benchmark's clients never hang up).
 """

