@@ -132,7 +132,12 @@ def worker(
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
-        if core is not None and core in os.sched_getaffinity(0):
+        if core is not None and core not in os.sched_getaffinity(0):
+            # A container's cpuset may not hold it: vLLM would fail binding its threads to it.
+            typer.echo(f"warning: --core {core} is not one of this process's cores "
+                       f"{sorted(os.sched_getaffinity(0))}: not pinned", err=True)
+            core = None
+        if core is not None:
             # The whole process tree (vLLM's engine core and model processes are our children) stays on its
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
             os.sched_setaffinity(0, {core})
