@@ -149,7 +149,12 @@ def worker(
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False,
             # Loaded (checked) above; vLLM's processes load them again from this path (no key material in argv).
             kvtier_curve_dir=str(curve_key_dir(curve_dir, "worker") or ""))
-        if core is not None and core in os.sched_getaffinity(0):
+        if core is not None and core not in os.sched_getaffinity(0):
+            # A container's cpuset may not hold it: vLLM would fail binding its threads to it.
+            typer.echo(f"warning: --core {core} is not one of this process's cores "
+                       f"{sorted(os.sched_getaffinity(0))}: not pinned", err=True)
+            core = None
+        if core is not None:
             # The whole process tree (vLLM's engine core and model processes are our children) stays on its
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
             os.sched_setaffinity(0, {core})
