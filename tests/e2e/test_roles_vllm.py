@@ -63,12 +63,13 @@ def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
         before = worker_stats(graph.router)
         assert before[MOVED].num_transfers == 0  # a prefill worker so far
         decided = time.monotonic()
-        answer = _set_role(graph, MOVED, "decode")
+        answer = _set_role(graph, MOVED, "decode")  # a CLI process: its start-up counts in first_pull_s
+        answered = time.monotonic()
         assert answer["ok"] and answer["role"] == "decode", answer
         num_at_switch = len(outputs)
         # From the decision to the moved worker's first pull as a decode worker (a request must reach it first).
         assert wait_until(lambda: worker_stats(graph.router)[MOVED].num_transfers > 0, timeout_s=120, interval_s=0.02)
-        first_pull_s = time.monotonic() - decided
+        first_pull_s, answer_to_pull_s = time.monotonic() - decided, time.monotonic() - answered
         assert wait_until(lambda: len(outputs) >= num_at_switch + 9, timeout_s=240)
         stop.set()
         for t in threads:
@@ -77,8 +78,9 @@ def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
     finally:
         stop.set()
         graph.stop()
-    print(f"role switch: RoleSet.seconds={answer['seconds']:.4f} decision->first pull as decode={first_pull_s:.3f}s "
-          f"requests={len(outputs)} at switch={num_at_switch}")
+    print(f"role switch: RoleSet.seconds={answer['seconds']:.4f} set-role CLI start->first pull as decode="
+          f"{first_pull_s:.3f}s answer->first pull={answer_to_pull_s:.3f}s requests={len(outputs)} "
+          f"at switch={num_at_switch}")
     assert not errors, errors[:3]
     moved = after[MOVED]
     assert moved.num_transfers > 0 and moved.num_transfer_failures == 0
