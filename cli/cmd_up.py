@@ -21,7 +21,7 @@ from cli.http_limits import (
     MaxConnections,
     MaxHeaderKib,
 )
-from cli.graph_spec import UP_KV_TRANSFER
+from cli.graph_spec import up_kv_transfer
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
@@ -60,7 +60,7 @@ def up(
         "tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
-    kv_transfer: str = _in_panel(kv_transfer_option(UP_KV_TRANSFER), ENGINE),
+    kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "push; pull for --switchable vLLM workers"), ENGINE),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)",
                                    rich_help_panel=ENGINE),
     num_blocks: Optional[int] = typer.Option(None, rich_help_panel=ENGINE),
@@ -75,6 +75,10 @@ def up(
     decode: int = typer.Option(1, help="Decode workers", rich_help_panel=POOLS),
     aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)",
                                    rich_help_panel=POOLS),
+    switchable: Optional[bool] = typer.Option(
+        None, "--switchable/--fixed-role", help="Workers may move between the prefill and decode pools in place "
+        "(`splitserve router set-role`; vLLM engines then run kv_both). Default: mock yes, vLLM no",
+        rich_help_panel=POOLS),
     pin_control_plane: bool = typer.Option(
         True, help="vLLM: keep frontend, router, kvtier and planner off decode cores (free cores, else prefill's)",
         rich_help_panel=POOLS),
@@ -147,7 +151,12 @@ def up(
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
-    kv_transfer_checked(kv_transfer)
+    if kv_transfer is not None:
+        kv_transfer_checked(kv_transfer)
+    try:
+        kv_transfer = up_kv_transfer(kv_transfer, engine, switchable)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-transfer") from exc
     if curve and curve_dir is not None:
         raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     if model is not None:
@@ -178,5 +187,5 @@ def up(
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
                      planner=planner_spec if planner else None, num_frontends=frontends,
                      http_limits=limits, curve=curve,
-                     curve_dir=curve_dir)
+                     curve_dir=curve_dir, switchable=switchable)
     raise typer.Exit(launch(spec))

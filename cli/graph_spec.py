@@ -20,6 +20,18 @@ from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 # 127.0.0.1, where push works; the `worker` command's default stays pull (services/worker/engine.py).
 UP_KV_TRANSFER = "push"
 
+
+def up_kv_transfer(requested: str | None, engine: str, switchable: bool | None) -> str:
+    """The KV transfer `up` gives its workers: ``requested``, else push; a switchable vLLM graph pulls, since its
+    engines run NixlConnector with kv_both (push with kv_both is not tested: refused when asked for)."""
+    vllm_switchable = engine == "vllm" and bool(switchable)
+    if requested is None:
+        return "pull" if vllm_switchable else UP_KV_TRANSFER
+    if requested == "push" and vllm_switchable:
+        raise ValueError("switchable vLLM workers pull KV (NixlConnector kv_both): drop --kv-transfer push "
+                         "or --switchable")
+    return requested
+
 DEFAULT_MODEL_DIR = Path("models/tiny")
 
 
@@ -87,6 +99,8 @@ class GraphSpec:
     # CURVE on every socket (cli/graph_keys.py): fresh keys for this run, or a `keys make` root.
     curve: bool = False
     curve_dir: Path | None = None
+    # Workers may move between the prefill and decode pools in place (SetRole); None: the engine's default.
+    switchable: bool | None = None
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -125,6 +139,8 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--mock-profile", str(spec.mock_profile)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
+    if spec.switchable is not None:
+        cmd += ["--switchable" if spec.switchable else "--fixed-role"]
     if role == "decode" and spec.decode_max_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
     return cmd

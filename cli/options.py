@@ -26,8 +26,9 @@ _KV_TRANSFER_HELP = ("How prefill->decode KV moves: pull (the decode engine READ
                      "P/D graph must use the same; see README, 'Pull or push'")
 
 
-def kv_transfer_option(default: str):
-    return typer.Option(default, "--kv-transfer", envvar="SPLITSERVE_KV_TRANSFER", help=_KV_TRANSFER_HELP)
+def kv_transfer_option(default: str | None, default_help: str = ""):
+    return typer.Option(default, "--kv-transfer", envvar="SPLITSERVE_KV_TRANSFER", show_default=default_help or True,
+                        help=_KV_TRANSFER_HELP)
 
 
 KvTransfer = kv_transfer_option(DEFAULT_KV_TRANSFER)

@@ -150,6 +150,9 @@ class Heartbeat(Msg, frozen=True):
     draining: bool = False
     # KV pulls finished since the previous heartbeat, oldest first (the router learns link bandwidths from them).
     transfers: tuple[TransferSample, ...] = ()
+    # The worker's role now (it is the source of truth: a SetRole moves it and every router follows its beats;
+    # a router that restarts learns it from the registration). "": an older worker, role as registered.
+    role: Role | Literal[""] = ""
 
 
 class Unregister(Msg, frozen=True):

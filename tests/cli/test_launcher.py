@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.graph_spec import up_kv_transfer
 from cli.launcher import GraphSpec, control_plane_cores, worker_command, worker_commands
 
 
@@ -110,3 +111,21 @@ def test_up_pushes_by_default() -> None:
     # One host, side channels on 127.0.0.1: push, measured better here (README, "Pull or push").
     cmd = worker_commands(GraphSpec(), Path("m"), "tcp://x:1")[0]
     assert cmd[cmd.index("--kv-transfer") + 1] == "push"
+
+
+@pytest.mark.parametrize(("requested", "engine", "switchable", "expected"), [
+    (None, "vllm", None, "push"),
+    (None, "vllm", False, "push"),
+    (None, "vllm", True, "pull"),  # kv_both engines pull
+    (None, "mock", True, "push"),  # the mock engine switches with either
+    ("pull", "vllm", False, "pull"),
+    ("pull", "vllm", True, "pull"),
+    ("push", "mock", True, "push"),
+    ("push", "vllm", True, ValueError),
+])
+def test_up_kv_transfer(requested, engine, switchable, expected) -> None:
+    if expected is ValueError:
+        with pytest.raises(ValueError, match="switchable"):
+            up_kv_transfer(requested, engine, switchable)
+    else:
+        assert up_kv_transfer(requested, engine, switchable) == expected
