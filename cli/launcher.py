@@ -125,6 +125,13 @@ def launch(spec: GraphSpec) -> int:
                 _signal_leader(child.proc, signal.SIGTERM)  # the worker drains, then exits 0
                 log.info("worker_draining", worker_id=child.worker_id, pid=child.proc.pid, target=target)
 
+    def moved(worker_id: str, role: str) -> None:
+        for child in children:
+            if child.worker_id == worker_id and child.role:
+                child.role = role
+                child.cmd[child.cmd.index("--role") + 1] = role  # a restart comes back in its new pool
+                log.info("worker_moved", worker_id=worker_id, role=role)
+
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     events = ScaleEvents(planner_events) if planner_events else None
@@ -166,7 +173,10 @@ def launch(spec: GraphSpec) -> int:
                     log.error("not_ready", timeout_s=spec.ready_timeout_s)
                     return 1
             elif events is not None:
-                for pool, target in events.poll().items():
+                targets = events.poll()
+                for worker_id, role in events.take_roles().items():
+                    moved(worker_id, role)
+                for pool, target in targets.items():
                     scale(pool, target)
             time.sleep(0.2)
         return 0

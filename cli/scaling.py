@@ -14,7 +14,7 @@ import structlog
 import zmq
 
 from common.errors import ProtocolError
-from common.protocol import Role, ScaleRequest, decode
+from common.protocol import Role, RoleSet, ScaleRequest, decode
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,12 @@ def scale_actions(members: Sequence[PoolMember], role: Role, target: int, max_to
 
 
 class ScaleEvents:
-    """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous)."""
+    """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous).
+
+    The planner also publishes each ``RoleSet`` the router answered to its ``SetRole`` (a worker moved pool in
+    place), before that interval's ScaleRequests: ``take_roles`` hands them over, so the launcher counts the
+    moved worker in its new pool (and restarts it in that role) before it compares the targets.
+    """
 
     def __init__(self, endpoint: str) -> None:
         self._ctx = zmq.Context()
@@ -54,6 +59,12 @@ class ScaleEvents:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub.connect(endpoint)
+        self._roles: dict[str, Role] = {}
+
+    def take_roles(self) -> dict[str, Role]:
+        """Workers moved since the last call: worker id -> its role now."""
+        roles, self._roles = self._roles, {}
+        return roles
 
     def poll(self) -> dict[str, int]:
         latest: dict[str, int] = {}
@@ -70,6 +81,10 @@ class ScaleEvents:
             match msg:
                 case ScaleRequest(pool=pool, target=target):
                     latest[pool] = target
+                case RoleSet(worker_id=worker_id, role=role, ok=True):
+                    self._roles[worker_id] = role
+                case RoleSet():
+                    pass  # refused: the worker stayed where it was
                 case _:
                     log.warning("dropped_message", reason=f"launcher does not handle {type(msg).__name__}")
 
