@@ -96,6 +96,9 @@ def up(
         rich_help_panel=PLANNER),
     planner_decisions: Optional[Path] = typer.Option(
         None, help="Planner: append each interval's decision (JSON lines)", rich_help_panel=PLANNER),
+    role_switch: bool = typer.Option(False, "--role-switch/--no-role-switch",
+                                     help="Planner: move workers between pools in place before starting or draining any",
+                                     rich_help_panel=PLANNER),
     # Network
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST", help="Frontend's HTTP bind address",
                              rich_help_panel=NETWORK),
@@ -125,7 +128,7 @@ def up(
         validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
     planner_spec = PlannerSpec(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
-        max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions,
+        max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions, role_switch=role_switch,
         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm" else max_prefill + max_decode))
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,

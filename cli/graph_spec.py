@@ -29,6 +29,7 @@ class PlannerSpec:
     max_decode: int = planner_defaults.MAX_DECODE
     max_workers: int = planner_defaults.MAX_WORKERS
     decisions_path: Path | None = None
+    role_switch: bool = False  # move workers between pools in place before starting or draining any
 
 
 @dataclass(frozen=True)
@@ -178,4 +179,6 @@ def planner_command(spec: GraphSpec, router: str, events: str, metrics_urls: lis
         cmd += ["--profile", str(p.profile)]
     if p.decisions_path is not None:
         cmd += ["--decisions", str(p.decisions_path)]
+    if p.role_switch:
+        cmd += ["--role-switch"]
     return cmd
