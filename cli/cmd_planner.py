@@ -37,7 +37,8 @@ def planner_cmd(
     role_switch: bool = typer.Option(False, "--role-switch/--no-role-switch",
                                      help="Move switchable workers between pools in place (SetRole) before starting or "
                                      "stopping any"),
-    min_dwell_s: float = typer.Option(30.0, help="--role-switch: seconds a worker stays in a pool before it moves again"),
+    min_dwell_s: float = typer.Option(30.0, help="--role-switch: seconds a worker stays in a pool before it "
+                                      "moves again"),
     scaler: str = typer.Option("none", help="Act on the ScaleRequests: none (publish only) | kubernetes (patch the "
                                "pools' Deployments' scale; needs the extra `kubernetes` and deploy/kubernetes/ RBAC)"),
     k8s_namespace: Optional[str] = typer.Option(None, help="--scaler kubernetes: the pools' namespace (default: "

@@ -53,6 +53,8 @@ def up(
         0, help="Tokens a decode worker computes per step (0: default); small values spread local prefills",
         rich_help_panel=ENGINE),
     mock_speedup: float = typer.Option(1.0, rich_help_panel=ENGINE),
+    mock_start_s: float = typer.Option(0.0, help="Mock: seconds each engine takes to start (a profile's "
+                                       "engine_start_s, to compare scaling with switching)", rich_help_panel=ENGINE),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock workers' timing from this profile JSON",
                                                 rich_help_panel=ENGINE),
     # Pools
@@ -97,7 +99,8 @@ def up(
     planner_decisions: Optional[Path] = typer.Option(
         None, help="Planner: append each interval's decision (JSON lines)", rich_help_panel=PLANNER),
     role_switch: bool = typer.Option(False, "--role-switch/--no-role-switch",
-                                     help="Planner: move workers between pools in place before starting or draining any",
+                                     help="Planner: move workers between pools in place before starting or "
+                                     "draining any",
                                      rich_help_panel=PLANNER),
     # Network
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST", help="Frontend's HTTP bind address",
@@ -133,7 +136,8 @@ def up(
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
-                     mock_speedup=mock_speedup, mock_profile=mock_profile, kvtier=not no_kvtier,
+                     mock_speedup=mock_speedup, mock_profile=mock_profile, mock_start_s=mock_start_s,
+                     kvtier=not no_kvtier,
                      host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, host=host, port=port,
                      router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,

@@ -46,6 +46,7 @@ class GraphSpec:
     num_blocks: int | None = None
     mock_speedup: float = 1.0
     mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
+    mock_start_s: float = 0.0  # seconds a mock engine takes to start
     # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
     kvtier: bool = True
     host_cache_gb: float = 1.0
@@ -111,6 +112,8 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--num-blocks", str(spec.num_blocks)]
     if spec.mock_profile is not None:
         cmd += ["--mock-profile", str(spec.mock_profile)]
+    if spec.mock_start_s:
+        cmd += ["--mock-start-s", str(spec.mock_start_s)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
     if role == "decode" and spec.decode_max_batched_tokens:

@@ -29,8 +29,17 @@ import structlog
 import zmq
 
 from common.errors import RemoteError, TransportTimeout
-from common.protocol import ListWorkers, Role, RoleSet, ScaleRequest, SetRole, WorkerList, encode
+from common.protocol import (
+    ListWorkers,
+    Role,
+    RoleSet,
+    ScaleRequest,
+    SetRole,
+    WorkerList,
+    encode,
+)
 from common.router_set import RouterSet
+from common.timing import TimingModel
 from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
@@ -55,7 +64,6 @@ from services.planner.switch import (
     switch_first,
 )
 from services.planner.workload import PlanOptions, Workload
-from common.timing import TimingModel
 
 log = structlog.get_logger(__name__)
 

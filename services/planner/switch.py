@@ -28,7 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from common.protocol import Role
-from services.planner.policy import ModelTarget, Observation, PlannerConfig, PoolDecision, ScaleDecision
+from services.planner.policy import (
+    ModelTarget,
+    Observation,
+    PlannerConfig,
+    PoolDecision,
+    ScaleDecision,
+)
 
 # NoMove reasons after which the shortage waits for a move rather than a new worker (the move is coming).
 WAIT_REASONS = frozenset({"hysteresis", "dwell", "gap", "reversal"})
@@ -99,7 +105,9 @@ class Move:
 
 @dataclass(frozen=True, slots=True)
 class NoMove:
-    reason: str  # no_shortage | both_short | no_spare | last_worker | not_switchable | hysteresis | dwell | gap | reversal
+    # no_shortage | both_short | no_spare | last_worker | not_switchable | refused (scale instead);
+    # hysteresis | dwell | gap | reversal (a move is on its way: wait for it)
+    reason: str
     pool: Role | None = None  # the short pool, where there is one
 
     @property

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 
-from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, ScaleDecision, decide
+from services.planner.policy import (
+    ModelTarget,
+    Observation,
+    PlannerConfig,
+    PlannerState,
+    PoolDecision,
+    ScaleDecision,
+    decide,
+)
 from services.planner.switch import (
     Member,
     Move,
@@ -174,7 +183,7 @@ def _check_guards(moves: list[tuple[float, Move]], sizes: list[tuple[int, int]],
     assert all(p >= 1 and d >= 1 for p, d in sizes)  # never the last worker of a pool
     times = [t for t, _ in moves]
     assert len(times) == len(set(times))  # at most one move per decision
-    for (t0, a), (t1, b) in zip(moves, moves[1:]):
+    for (t0, a), (t1, b) in pairwise(moves):
         if a.to_role != b.to_role:
             assert t1 - t0 >= config.min_dwell_s  # no reversal within the dwell
     last: dict[str, float] = {}
@@ -194,7 +203,7 @@ def test_workload_flipping_every_30s() -> None:
     assert set(sizes) == {(2, 2), (3, 1)}  # half a swing each way: the dwell caps the amplitude
     # Without the guards the same workload (seen two decisions late) moves a worker at every decision it can.
     bare = SwitchConfig(min_dwell_s=0.0, short_intervals=1, spare_intervals=1)
-    bare_moves, bare_sizes = _simulate(flip_s=30.0, duration_s=300.0, config=bare, lag_intervals=2)
+    bare_moves, _ = _simulate(flip_s=30.0, duration_s=300.0, config=bare, lag_intervals=2)
     guarded_moves, _ = _simulate(flip_s=30.0, duration_s=300.0, lag_intervals=2)
     assert len(guarded_moves) <= 10 < len(bare_moves)
 

@@ -38,3 +38,6 @@ class MockEngineConfig:
     tier: TierBackend | None = None
     # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
     tier_write_through: bool = False
+    # Seconds start() takes, as a real engine loads weights and warms up (a profile's engine_start_s): what
+    # starting a worker costs, for benchmarks that compare it with moving a running one between pools.
+    start_s: float = 0.0
