@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 
 def router(
+    ctx: typer.Context,
     endpoint: str = typer.Option(DEFAULT_ROUTER, envvar="SPLITSERVE_ROUTER", help="ZeroMQ bind address"),
     policy: str = typer.Option("kv", help="kv | round-robin | random | least-loaded"),
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, help="Uncached prompt tokens at or below which the "
@@ -64,6 +65,8 @@ def router(
     log_json: bool = LogJson,
 ) -> None:
     """Run the router: registry, prefix index, route decisions."""
+    if ctx.invoked_subcommand is not None:
+        return  # `router set-role ...`: the subcommand acts
     from services.router.policy import PolicyConfig
     from services.router.service import RouterConfig, RouterService
 

@@ -62,6 +62,10 @@ def up(
     decode: int = typer.Option(1, help="Decode workers", rich_help_panel=POOLS),
     aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)",
                                    rich_help_panel=POOLS),
+    switchable: Optional[bool] = typer.Option(
+        None, "--switchable/--fixed-role", help="Workers may move between the prefill and decode pools in place "
+        "(`splitserve router set-role`; vLLM engines then run kv_both). Default: mock yes, vLLM no",
+        rich_help_panel=POOLS),
     pin_control_plane: bool = typer.Option(
         True, help="vLLM: keep frontend, router, kvtier and planner off decode cores (free cores, else prefill's)",
         rich_help_panel=POOLS),
@@ -144,5 +148,5 @@ def up(
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
-                     planner=planner_spec if planner else None, num_frontends=frontends)
+                     planner=planner_spec if planner else None, num_frontends=frontends, switchable=switchable)
     raise typer.Exit(launch(spec))

@@ -29,7 +29,11 @@ from cli.runner import run_service
 
 def worker(
     model: Path = typer.Option(..., help="HF model directory"),
-    role: str = typer.Option("both", help="prefill | decode | both"),
+    role: str = typer.Option("both", help="prefill | decode | both (the role at start: see --switchable)"),
+    switchable: Optional[bool] = typer.Option(
+        None, "--switchable/--fixed-role", help="Routers may move this worker between the prefill and decode "
+        "pools in place (SetRole, `splitserve router set-role`); its engine then serves both sides of P/D (vLLM: "
+        "NixlConnector kv_both, one batch budget for both). Default: mock yes, vLLM no"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or replicas comma-separated (registers with each)"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
@@ -93,6 +97,9 @@ def worker(
     node = node or default_node()
     # PIDs repeat across machines (every container's first process is 1): the node keeps default ids apart.
     wid = worker_id or f"{role}-{node}-{os.getpid()}"
+    # The mock engine serves any request whatever its role; a vLLM engine only with kv_both (opt-in: kv_both
+    # costs a decode engine its progress-thread-free NIXL agent and its small batch budget).
+    switchable = (engine == "mock") if switchable is None else switchable
     if engine == "mock":
         from common.timing import TimingModel
         from services.worker.engines.mock.config import MockEngineConfig
@@ -128,8 +135,9 @@ def worker(
             max_num_seqs=max_num_seqs,
             # A decode worker may take a small per-step budget (its local prefills are then chunked); the others
             # keep room for a whole long prompt in one step.
-            max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode"
-                                    else max(max_num_batched_tokens, 2048)), kv_role=role, nixl_side_channel_port=nixl_port,
+            max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode" and not switchable
+                                    else max(max_num_batched_tokens, 2048)),
+            kv_role="both" if switchable else role, switchable=switchable, nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
             kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False)
@@ -144,7 +152,7 @@ def worker(
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
                                          engine_kind=engine, hash_seed=hash_seed(name),
-                                         node=node, zone=zone,
+                                         node=node, zone=zone, switchable=switchable,
                                          transport=transport(curve_dir, "worker"), metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)

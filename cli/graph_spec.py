@@ -76,6 +76,8 @@ class GraphSpec:
     metrics_sd_file: Path | None = None
     # Frontend processes sharing the HTTP port (SO_REUSEPORT), each its own event loop.
     num_frontends: int = 1
+    # Workers may move between the prefill and decode pools in place (SetRole); None: the engine's default.
+    switchable: bool | None = None
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -116,6 +118,8 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--mock-start-s", str(spec.mock_start_s)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
+    if spec.switchable is not None:
+        cmd += ["--switchable" if spec.switchable else "--fixed-role"]
     if role == "decode" and spec.decode_max_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
     return cmd

@@ -12,6 +12,7 @@ from cli.bench import bench_app
 from cli.cmd_frontend import frontend
 from cli.cmd_kvtier import kvtier
 from cli.cmd_planner import planner_cmd, planner_events
+from cli.cmd_roles import set_role
 from cli.cmd_router import router
 from cli.cmd_sizing import plan, profile
 from cli.cmd_tools import keys_make, make_tiny
@@ -24,8 +25,13 @@ keys_app = typer.Typer(no_args_is_help=True, help="ZeroMQ CURVE keys.")
 app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(bench_app, name="bench")
+# `splitserve router [OPTIONS]` runs the router; `splitserve router set-role WORKER ROLE` asks one to move a worker.
+router_app = typer.Typer(help="Run the router (no subcommand), or ask a running one to act.")
+router_app.callback(invoke_without_command=True)(router)
+router_app.command("set-role")(set_role)
+app.add_typer(router_app, name="router")
 
-for command in (router, worker, kvtier, frontend, up, profile, plan):
+for command in (worker, kvtier, frontend, up, profile, plan):
     app.command()(command)
 app.command("planner")(planner_cmd)
 app.command("planner-events")(planner_events)

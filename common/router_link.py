@@ -3,8 +3,9 @@
 Workers and kvtier register with, heartbeat to and publish their KV events to every router, so each router
 replica holds the whole picture and any one of them can route (no single point of failure). One ``RouterLink``
 per router: it registers until that router answers, heartbeats every ``interval_s``, registers again when a
-restarted router says ``not_registered``, and answers its ``KvSnapshotRequest``s. One ``EventsSocket`` (a PUB
-connected to every router's SUB) carries the numbered ``KvEvents`` to all of them at once.
+restarted router says ``not_registered``, and answers its ``KvSnapshotRequest``s and the ``SetRole``s it
+forwards. One ``EventsSocket`` (a PUB connected to every router's SUB) carries the numbered ``KvEvents`` to all
+of them at once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import zmq.asyncio
 from common.addresses import dialable
 from common.backoff import Backoff
 from common.errors import RegistrationRefused, RemoteError, TransportTimeout
-from common.protocol import ErrorReply, KvSnapshot, KvSnapshotRequest, Message, RegisterAck
+from common.protocol import ErrorReply, KvSnapshot, KvSnapshotRequest, Message, RegisterAck, RoleSet, SetRole
 from common.security import secure_client
 from common.transport import Client, TransportConfig, new_id
 
@@ -91,12 +92,14 @@ class RouterLink:
                  make_registration: Callable[[str], Message],
                  make_snapshot: Callable[[str], KvSnapshot] | None = None,
                  on_events_endpoint: Callable[[str, str], None] | None = None,
+                 on_set_role: Callable[[SetRole], RoleSet] | None = None,
                  register_timeout_s: float = 2.0) -> None:
         self.endpoint = endpoint
         self.source_id = source_id
         self._make_registration = make_registration
         self._make_snapshot = make_snapshot
         self._on_events_endpoint = on_events_endpoint
+        self._on_set_role = on_set_role
         self._register_timeout_s = register_timeout_s
         self.client = Client(ctx, endpoint, config.toward("router"), on_unsolicited=self._on_message)
         self._must_register = asyncio.Event()
@@ -149,6 +152,9 @@ class RouterLink:
             case KvSnapshotRequest(request_id=rid):
                 if self._make_snapshot is not None:
                     self.send(self._make_snapshot(rid))
+            case SetRole(request_id=rid):  # forwarded by this router: switch, then answer it
+                self.send(self._on_set_role(msg) if self._on_set_role is not None else RoleSet(
+                    request_id=rid, worker_id=msg.worker_id, role=msg.role, ok=False, reason="not a worker"))
             case _:
                 log.warning("unexpected_router_message", router=self.endpoint, type=type(msg).__name__)
 

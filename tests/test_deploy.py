@@ -58,6 +58,12 @@ def _script_command(target: str) -> Command | None:
     return _commands().get(match.group(1)) if match else None
 
 
+def _runs_alone(group: Command, args: list[str]) -> bool:
+    """A group that is also a command (`splitserve router [OPTIONS]` runs the router; `router set-role` acts)
+    given no subcommand."""
+    return bool(getattr(group, "invoke_without_command", False)) and (not args or args[0].startswith("-"))
+
+
 def _interpolate(value: str) -> str:
     """Compose's `${VAR:-default}` / `${VAR-default}` with the defaults (the environment is not consulted)."""
     return re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", value)
@@ -403,7 +409,7 @@ def test_systemd_exec_start_is_a_console_script_with_real_options(name: str) -> 
     command = _script_command(scripts[script])
     assert command is not None
     rest = _expand(args[1:], "prefill")
-    if hasattr(command, "commands"):
+    if hasattr(command, "commands") and not _runs_alone(command, rest):
         assert rest[0] in command.commands, f"{name}: `{script} {rest[0]}` does not exist"
         command, rest = command.commands[rest[0]], rest[1:]
     expected = name.removeprefix("splitserve-").split("@")[0].split(".")[0]

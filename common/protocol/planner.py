@@ -34,6 +34,10 @@ class SetRole(Msg, frozen=True):
     giving it work of the old role at once, lets the old role's requests on it finish (KV already pulled from it
     is still served) and gives it new work of ``role``. The worker is told, so a router that (re)starts learns the
     role from the worker's registration. Answered with ``RoleSet``.
+
+    The router that takes it forwards it (with a request id of its own) to the worker's ``RouterLink``, and the
+    worker answers that router with a ``RoleSet`` after it switched and sent every router a ``Heartbeat`` with
+    its new ``role``: the worker is the source of truth, so router replicas and restarted routers agree.
     """
 
     request_id: str

@@ -3,6 +3,8 @@ transfer parameters that travel with its requests."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from common.protocol.base import PROTOCOL_VERSION, Msg, Role  # noqa: F401  (PROTOCOL_VERSION: re-exported)
@@ -139,6 +141,9 @@ class Heartbeat(Msg, frozen=True):
     draining: bool = False
     # KV pulls finished since the previous heartbeat, oldest first (the router learns link bandwidths from them).
     transfers: tuple[TransferSample, ...] = ()
+    # The worker's role now (it is the source of truth: a SetRole moves it and every router follows its beats;
+    # a router that restarts learns it from the registration). "": an older worker, role as registered.
+    role: Role | Literal[""] = ""
 
 
 class Unregister(Msg, frozen=True):

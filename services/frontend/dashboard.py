@@ -42,7 +42,8 @@ class Dashboard:
             load = stats.load if stats is not None else None
             total = load.num_total_blocks if load else info.num_blocks
             rows.append({
-                "worker_id": info.worker_id, "role": info.role, "engine": info.engine, "endpoint": info.endpoint,
+                "worker_id": info.worker_id, "role": info.role, "switchable": info.switchable, "engine": info.engine,
+                "endpoint": info.endpoint,
                 "block_size": info.block_size,
                 "responding": stats is not None,
                 "running": load.num_running if load else None, "waiting": load.num_waiting if load else None,

@@ -53,6 +53,15 @@ class RouterMetrics:
         self.transfer_samples = Counter(
             "splitserve_router_transfer_samples", "KV pull samples reported by workers, by whether a link learned "
             "from them", ["used"], registry=r)
+        # Constant 1 per registered worker at its current role (a SetRole moves it: docs/architecture.md#roles).
+        self.worker_role = Gauge("splitserve_router_worker_role", "Each worker's current role", ["worker_id", "role"],
+                                 registry=r)
+        self.role_switches = Counter("splitserve_router_role_switches", "SetRole requests by outcome",
+                                     ["result"], registry=r)
+        self.role_switch_seconds = Histogram(
+            "splitserve_router_role_switch_seconds", "SetRole: from the router's decision to the worker serving "
+            "its new role (the worker confirmed, the registry moved it)", registry=r,
+            buckets=(1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5))
         self.worker_waiting = Gauge("splitserve_router_worker_waiting", "Queued requests per worker",
                                     ["worker_id"], registry=r)
 
@@ -75,11 +84,15 @@ class RouterMetrics:
     def observe_worker(self, info: WorkerInfo) -> None:
         self.forget_worker_info(info.worker_id)  # a re-registration may have moved it
         self.worker_info.labels(worker_id=info.worker_id, role=info.role, node=info.node, zone=info.zone).set(1)
+        self.worker_role.labels(worker_id=info.worker_id, role=info.role).set(1)
 
     def forget_worker_info(self, worker_id: str) -> None:
         for labels in [s.labels for m in self.worker_info.collect() for s in m.samples
                        if s.labels.get("worker_id") == worker_id]:
             self.worker_info.remove(labels["worker_id"], labels["role"], labels["node"], labels["zone"])
+        for labels in [s.labels for m in self.worker_role.collect() for s in m.samples
+                       if s.labels.get("worker_id") == worker_id]:
+            self.worker_role.remove(labels["worker_id"], labels["role"])
 
     def forget_link(self, src_node: str, dst_node: str) -> None:
         """A link back at its default: no learned figure to show."""

@@ -62,6 +62,14 @@ class Registry:
             last_seen_s=now_s,
         )
 
+    def set_role(self, worker_id: str, role: Role) -> bool:
+        """Move a worker to another pool in place (its KV, load and index stay); False when unknown or unchanged."""
+        entry = self._workers.get(worker_id)
+        if entry is None or entry.info.role == role:
+            return False
+        self._workers[worker_id] = replace(entry, info=msgspec.structs.replace(entry.info, role=role))
+        return True
+
     def unregister(self, worker_id: str) -> bool:
         return self._workers.pop(worker_id, None) is not None
 

@@ -30,7 +30,8 @@ from common.protocol import (
     RegisterWorker,
     Route,
     RouteRequest,
-    TransferSample,
+    RoleSet,
+    SetRole,
     Unregister,
     WorkerList,
     WorkerRef,
@@ -45,7 +46,10 @@ from services.router.metrics import RouterMetrics
 from services.router.policy import Candidate, Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
 from services.router.remote_tier import remote_tier
-from services.router.topology import Place, Topology
+from services.router.overlaps import merged_overlaps
+from services.router.pull_samples import learn_links
+from services.router.roles import RoleSwitcher
+from services.router.topology import Topology
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +103,7 @@ class RouterService:
         self.metrics = RouterMetrics()
         self._server: Server | None = None
         self.endpoint = ""
+        self.roles = RoleSwitcher(self.registry, self.metrics, self._identities, self._send)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -120,6 +125,7 @@ class RouterService:
         reaper = loop.create_task(self._reap_loop())
         events = loop.create_task(self._events_loop(sub))
         snapshots = loop.create_task(self._snapshot_loop())
+        switches = loop.create_task(self.roles.run())
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
@@ -129,6 +135,7 @@ class RouterService:
             reaper.cancel()
             events.cancel()
             snapshots.cancel()
+            switches.cancel()
             sub.close(linger=0)
             self._server.close()
             secure.close()
@@ -168,8 +175,9 @@ class RouterService:
                     log.info("worker_draining", worker_id=worker_id, num_running=load.num_running,
                              num_waiting=load.num_waiting)
                 self.metrics.observe_load(worker_id, load)
+                self.roles.reported(worker_id, msg.role)  # the worker's role, as it says (a SetRole moved it)
                 if msg.transfers:
-                    self._learn_links(worker_id, msg.transfers)
+                    learn_links(self.registry, self.topology, self.metrics, worker_id, msg.transfers)
                 return None
             case RegisterWorker(request_id=rid, info=info):
                 try:
@@ -204,6 +212,11 @@ class RouterService:
                 return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
                                   loads=tuple(e.load for e in entries),
                                   draining=tuple(e.info.worker_id for e in entries if e.draining))
+            case SetRole():  # planner or operator: answered now if refused, else once the worker confirmed
+                return self.roles.request(identity, msg, now_s)
+            case RoleSet():  # a worker's answer to a SetRole we forwarded
+                self.roles.answered(msg, now_s)
+                return None
             case KvSnapshot():
                 if msg.worker_id not in self._identities:
                     return None  # a source we dropped since it was asked
@@ -270,21 +283,9 @@ class RouterService:
             and not (e.info.instance_id and e.info.instance_id in req.exclude_instance_ids)
         ]
 
-    def _learn_links(self, worker_id: str, samples: tuple[TransferSample, ...]) -> None:
-        """Feed a decode worker's pulls to the link from each source's node to its own. A source the
-        registry does not know (unattributed, or gone since) teaches nothing."""
-        dst = self.registry.get(worker_id)
-        assert dst is not None  # the heartbeat was just recorded
-        for sample in samples:
-            src = self.registry.get(sample.src_worker_id) if sample.src_worker_id else None
-            bandwidth = None
-            if src is not None:
-                src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
-                bandwidth = self.topology.record(src_place, dst_place, sample.num_bytes, sample.seconds,
-                                                 time.monotonic())
-            self.metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
-            if bandwidth is not None and src is not None:
-                self.metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
+    def _send(self, identity: bytes, msg: Message) -> None:
+        if self._server is not None:
+            self._server.send_nowait(identity, msg)
 
     def _ref(self, worker_id: str) -> WorkerRef:
         entry = self.registry.get(worker_id)
@@ -294,20 +295,7 @@ class RouterService:
     def _overlaps(self, hashes: list[int]) -> dict[str, TierOverlap]:
         # With a shared tier, name every worker: one holding no blocks of its own still reuses the tier's.
         worker_ids = [e.info.worker_id for e in self.registry.workers()] if self._tiers else None
-        overlaps = self.index.overlaps(hashes, worker_ids)
-        if self.approx.num_blocks:
-            overlaps.update(self.approx.overlaps(hashes))
-        if self.pending is not None and self.pending.num_blocks:
-            for worker_id, run in self.pending.overlaps(hashes).items():
-                if not self.index.credited(worker_id):
-                    continue  # awaiting its snapshot: no guesses either (fail closed)
-                known = overlaps.get(worker_id)
-                if known is None:
-                    overlaps[worker_id] = run
-                elif known.device < run.device:
-                    n = run.device  # blocks on their way to the device: the longer run wins, tier by tier
-                    overlaps[worker_id] = TierOverlap(n, max(known.host, n), max(known.disk, n))
-        return overlaps
+        return merged_overlaps(self.index, self.approx, self.pending, hashes, worker_ids)
 
     def _note_approx(self, worker_id: str, hashes: list[int]) -> None:
         entry = self.registry.get(worker_id)

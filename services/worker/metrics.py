@@ -13,26 +13,41 @@ _TRANSFER_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-
 class WorkerMetrics:
     def __init__(self, worker_id: str, role: str) -> None:
         r = self.registry = CollectorRegistry()
-        labels = {"worker_id": worker_id, "role": role}
-        self._running = Gauge("splitserve_worker_running", "Requests running in the engine", list(labels),
-                              registry=r).labels(**labels)
-        self._waiting = Gauge("splitserve_worker_waiting", "Requests queued in the engine", list(labels),
-                              registry=r).labels(**labels)
-        self._kv_used = Gauge("splitserve_worker_kv_used_blocks", "KV blocks in use", list(labels),
-                              registry=r).labels(**labels)
-        self._kv_total = Gauge("splitserve_worker_kv_total_blocks", "KV blocks in the engine", list(labels),
-                               registry=r).labels(**labels)
-        self._transfers = Counter("splitserve_worker_kv_transfers", "KV pulls finished", list(labels),
-                                  registry=r).labels(**labels)
-        self._transfer_failures = Counter("splitserve_worker_kv_transfer_failures", "KV pulls that failed",
-                                          list(labels), registry=r).labels(**labels)
-        self._transfer_bytes = Counter("splitserve_worker_kv_transfer_bytes", "KV bytes pulled", list(labels),
-                                       registry=r).labels(**labels)
-        self._transfer_seconds = Histogram("splitserve_worker_kv_transfer_seconds", "Seconds per KV pull",
-                                           list(labels), buckets=_TRANSFER_BUCKETS_S, registry=r).labels(**labels)
-        self._prefix_hits = Counter("splitserve_worker_prefix_hits", "Prefix-cache hits (engine's unit)",
-                                    list(labels), registry=r).labels(**labels)
+        names = ["worker_id", "role"]
+        self._families = {
+            "running": Gauge("splitserve_worker_running", "Requests running in the engine", names, registry=r),
+            "waiting": Gauge("splitserve_worker_waiting", "Requests queued in the engine", names, registry=r),
+            "kv_used": Gauge("splitserve_worker_kv_used_blocks", "KV blocks in use", names, registry=r),
+            "kv_total": Gauge("splitserve_worker_kv_total_blocks", "KV blocks in the engine", names, registry=r),
+            "transfers": Counter("splitserve_worker_kv_transfers", "KV pulls finished", names, registry=r),
+            "transfer_failures": Counter("splitserve_worker_kv_transfer_failures", "KV pulls that failed", names,
+                                         registry=r),
+            "transfer_bytes": Counter("splitserve_worker_kv_transfer_bytes", "KV bytes pulled", names, registry=r),
+            "transfer_seconds": Histogram("splitserve_worker_kv_transfer_seconds", "Seconds per KV pull", names,
+                                          buckets=_TRANSFER_BUCKETS_S, registry=r),
+            "prefix_hits": Counter("splitserve_worker_prefix_hits", "Prefix-cache hits (engine's unit)", names,
+                                   registry=r),
+        }
+        self._worker_id = worker_id
+        self._role = ""
+        self.set_role(role)
         self._last = EngineCounters()
+
+    def set_role(self, role: str) -> None:
+        """Label this worker's series with its role now (a SetRole moved it): the old role's series go, the
+        counters start over under the new label (rate() per series is unaffected)."""
+        if role == self._role:
+            return
+        if self._role:
+            for family in self._families.values():
+                family.remove(self._worker_id, self._role)
+        self._role = role
+        c = {name: family.labels(worker_id=self._worker_id, role=role) for name, family in self._families.items()}
+        self._running, self._waiting, self._kv_used, self._kv_total = (c["running"], c["waiting"], c["kv_used"],
+                                                                       c["kv_total"])
+        self._transfers, self._transfer_failures = c["transfers"], c["transfer_failures"]
+        self._transfer_bytes, self._transfer_seconds = c["transfer_bytes"], c["transfer_seconds"]
+        self._prefix_hits = c["prefix_hits"]
 
     def observe(self, load: WorkerLoad, counters: EngineCounters) -> None:
         """Called every heartbeat: gauges from the load, counters advanced by the engine's cumulative deltas."""

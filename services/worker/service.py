@@ -32,6 +32,8 @@ from common.protocol import (
     Message,
     RegisterWorker,
     Role,
+    RoleSet,
+    SetRole,
     Tokens,
     Unregister,
     WorkerInfo,
@@ -72,6 +74,9 @@ class WorkerConfig:
     drain_timeout_s: float = 30.0
     drain_quiet_s: float = 0.5
     drain_transfer_grace_s: float = 2.0
+    # The engine serves either side of P/D (vLLM kv_both, the mock engine): routers may move this worker
+    # between the prefill and decode pools in place (SetRole; docs/architecture.md#roles).
+    switchable: bool = False
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -98,6 +103,9 @@ class WorkerService:
         self._events = (KvEventPublisher(config.worker_id, engine)  # type: ignore[arg-type]
                         if hasattr(engine, "drain_kv_events") else None)
         self._ctx: zmq.asyncio.Context | None = None
+        # The role now: the CLI's at start, then what SetRole made it. We are its source of truth for every router.
+        self._role: Role = config.role
+        self._last_prefill_s = float("-inf")  # monotonic: when a prefill for a remote decode last finished here
         self.metrics = WorkerMetrics(config.worker_id, config.role)
         # Pulls not yet reported to the router, and where each came from.
         self._transfer_sources = TransferSources()
@@ -116,6 +124,7 @@ class WorkerService:
                                                                     protocol_version=PROTOCOL_VERSION),
                        make_snapshot=self._events.snapshot if self._events is not None else None,
                        on_events_endpoint=self._events_socket.connect if self._events is not None else None,
+                       on_set_role=self.set_role,
                        register_timeout_s=self.config.register_timeout_s)
             for endpoint in split_endpoints(self.config.router_endpoint)]
         background: list[asyncio.Task[None]] = []
@@ -157,6 +166,33 @@ class WorkerService:
     def draining(self) -> bool:
         return self._draining
 
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    def set_role(self, msg: SetRole) -> RoleSet:
+        """A router forwards a ``SetRole``: serve the new role from now on and tell every router.
+
+        Nothing in the engine changes: it serves both kinds of request (a request's ``prefill_only`` and
+        ``kv_transfer`` say which), so the old role's requests finish here as they are, a finished prefill's
+        blocks stay until the decode side pulled them, and new work of the new role is served at once. What
+        the role changes is where routers send work (their pools follow our heartbeats), our metrics' labels,
+        and our registration (a router that restarts learns the role from it)."""
+        refused = ("role must be prefill or decode" if msg.role not in ("prefill", "decode")
+                   else "not switchable" if not self.config.switchable
+                   else "draining" if self._draining else "")
+        if refused:
+            log.warning("role_refused", worker_id=self.config.worker_id, role=msg.role, reason=refused)
+            return RoleSet(request_id=msg.request_id, worker_id=self.config.worker_id, role=self._role, ok=False,
+                           reason=refused)
+        if msg.role != self._role:
+            log.info("role_set", worker_id=self.config.worker_id, old_role=self._role, role=msg.role,
+                     num_requests=len(self._tasks), reason=msg.reason)
+            self._role = msg.role
+            self.metrics.set_role(msg.role)
+            self._send_heartbeat()  # every router moves us now, not at the next beat (this one's before the answer)
+        return RoleSet(request_id=msg.request_id, worker_id=self.config.worker_id, role=self._role, ok=True)
+
     def drain(self) -> None:
         """Stop taking new work, finish what is here, then return from ``run()``. Idempotent."""
         if self._draining:
@@ -177,11 +213,13 @@ class WorkerService:
         start_s = time.monotonic()
         # The router learns we drain from a heartbeat; until a beat after that, it may still route here.
         await asyncio.sleep(2 * cfg.heartbeat_interval_s)
-        quiet_s = cfg.drain_quiet_s + (cfg.drain_transfer_grace_s if cfg.role == "prefill" else 0.0)
+        quiet_s = cfg.drain_quiet_s + (cfg.drain_transfer_grace_s if self._role == "prefill" else 0.0)
         while time.monotonic() - start_s < cfg.drain_timeout_s:
             load = self.engine.load()
             idle = not self._tasks and load.num_running == 0 and load.num_waiting == 0
-            if idle and time.monotonic() - self._last_arrival_s >= quiet_s:
+            # A worker moved out of prefill may still hold prefilled KV a decode worker is about to pull.
+            pulled = time.monotonic() - self._last_prefill_s >= cfg.drain_transfer_grace_s
+            if idle and pulled and time.monotonic() - self._last_arrival_s >= quiet_s:
                 log.info("drained", worker_id=cfg.worker_id, drain_s=round(time.monotonic() - start_s, 3))
                 break
             await asyncio.sleep(0.05)
@@ -269,6 +307,8 @@ class WorkerService:
                                                    message=repr(exc)))
             await self.engine.abort(msg.request_id)
         finally:
+            if msg.prefill_only:
+                self._last_prefill_s = time.monotonic()
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
@@ -289,13 +329,14 @@ class WorkerService:
 
     def _info(self) -> WorkerInfo:
         return WorkerInfo(
-            worker_id=self.config.worker_id, role=self.config.role, model=self.config.model,
+            worker_id=self.config.worker_id, role=self._role, model=self.config.model,
             block_size=self.engine.block_size, num_blocks=self.engine.num_blocks,
             endpoint=self.endpoint, engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
             max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
             node=self.config.node, zone=self.config.zone,
             # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
             kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
+            switchable=self.config.switchable,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -310,4 +351,4 @@ class WorkerService:
         transfers = self._transfer_sources.new_samples(counters.recent_transfers)
         # One beat for every router (the pulls it reports are handed out once): a router that is down misses it.
         send_all(self._links, Heartbeat(worker_id=self.config.worker_id, load=load, seq=self._heartbeat_seq,
-                                        draining=self._draining, transfers=transfers))
+                                        draining=self._draining, transfers=transfers, role=self._role))

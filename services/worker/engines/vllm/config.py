@@ -31,6 +31,9 @@ class VllmEngineConfig:
     # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
     # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
     kv_role: KvRole | None = "both"
+    # The worker may move between prefill and decode in place (SetRole): NixlConnector kv_both always, beside
+    # the kvtier connector when there is one (an aggregated "both" worker with kvtier uses the tier's alone).
+    switchable: bool = False
     # Bind address of vLLM's NIXL side channel (the handshake socket decode engines dial; 0.0.0.0: every
     # interface) and the host decode engines are told to dial in our kv_transfer_params ("" = the bind address;
     # required when that is a wildcard). vLLM advertises its bind address as is; we rewrite it (params.py).

@@ -195,7 +195,7 @@ class VllmEngine:
             use_tier = False
         if not use_tier:
             chosen = nixl
-        elif cfg.kv_role in (None, "both"):
+        elif cfg.kv_role in (None, "both") and not cfg.switchable:
             chosen = tier
         else:
             chosen = {"kv_connector": "MultiConnector", "kv_role": role,

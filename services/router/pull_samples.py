@@ -1,0 +1,27 @@
+"""A decode worker's reported KV pulls teach the router the bandwidth of the links they crossed."""
+
+from __future__ import annotations
+
+import time
+
+from common.protocol import TransferSample
+from services.router.metrics import RouterMetrics
+from services.router.registry import Registry
+from services.router.topology import Place, Topology
+
+
+def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, worker_id: str,
+                samples: tuple[TransferSample, ...]) -> None:
+    """Feed a decode worker's pulls to the link from each source's node to its own. A source the registry does
+    not know (unattributed, or gone since) teaches nothing."""
+    dst = registry.get(worker_id)
+    assert dst is not None  # the heartbeat was just recorded
+    for sample in samples:
+        src = registry.get(sample.src_worker_id) if sample.src_worker_id else None
+        bandwidth = None
+        if src is not None:
+            src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
+            bandwidth = topology.record(src_place, dst_place, sample.num_bytes, sample.seconds, time.monotonic())
+        metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
+        if bandwidth is not None and src is not None:
+            metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
