@@ -77,8 +77,8 @@ class Tenure:
 class SwitchConfig:
     min_dwell_s: float = 30.0
     min_gap_s: float = 0.0  # between two moves (0: one per decision)
-    short_intervals: int = 1
-    spare_intervals: int = 1
+    short_intervals: int = 2  # decisions in a row a pool is short before a worker moves to it
+    spare_intervals: int = 2  # ... and the donor has one to spare
     min_prefill: int = 1
     min_decode: int = 1
     spare_queue: float = 0.5  # requests waiting per worker, counted as if the pool had one worker fewer
