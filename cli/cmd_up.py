@@ -106,6 +106,8 @@ def up(
                                      help="Planner: move workers between pools in place before starting or "
                                      "draining any",
                                      rich_help_panel=PLANNER),
+    planner_min_dwell_s: float = typer.Option(30.0, help="Planner --role-switch: seconds a worker stays in a pool "
+                                              "before it moves again", rich_help_panel=PLANNER),
     # Network
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST", help="Frontend's HTTP bind address",
                              rich_help_panel=NETWORK),
@@ -136,6 +138,7 @@ def up(
     planner_spec = PlannerSpec(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
         max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions, role_switch=role_switch,
+        min_dwell_s=planner_min_dwell_s,
         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm" else max_prefill + max_decode))
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,

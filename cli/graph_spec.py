@@ -30,6 +30,7 @@ class PlannerSpec:
     max_workers: int = planner_defaults.MAX_WORKERS
     decisions_path: Path | None = None
     role_switch: bool = False  # move workers between pools in place before starting or draining any
+    min_dwell_s: float = 30.0  # role_switch: a worker stays in a pool this long before it moves
 
 
 @dataclass(frozen=True)
@@ -187,5 +188,5 @@ def planner_command(spec: GraphSpec, router: str, events: str, metrics_urls: lis
     if p.decisions_path is not None:
         cmd += ["--decisions", str(p.decisions_path)]
     if p.role_switch:
-        cmd += ["--role-switch"]
+        cmd += ["--role-switch", "--min-dwell-s", str(p.min_dwell_s)]
     return cmd
