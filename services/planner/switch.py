@@ -13,9 +13,12 @@ new role's), a started worker tens of seconds (vLLM) and a drained one its queue
 Against oscillation (a workload that flips faster than the pools settle must not make them flip with it):
   * hysteresis in level: "short" is ``decide``'s scale-up signals (p90 past ``high_water`` of its SLO, queues
     past ``queue_high``); "spare" needs the donor's TTFT p90 under ``high_water`` and its queues near empty
-    with one worker fewer, so a pool is never both, and a donor just below "short" is not spare;
+    with one worker fewer, so a pool is never both, and a donor just below "short" is not spare. "Spare" reads
+    live signals, not the profile's target: that sizes the whole window's workload, so after a phase change it
+    keeps the donor at its old size for most of a window (and a move is cheap to undo by the same rules);
   * hysteresis in time: a pool must be short ``short_intervals`` and the donor spare ``spare_intervals``
-    decisions in a row (the counts restart after every move, which changes both pools);
+    decisions in a row (the counts restart after every move, which changes both pools): the donor's signals
+    are the ones a blip fools (a queue that happens to be empty); the short pool's are past high water already;
   * a minimum dwell: a worker moves only ``min_dwell_s`` after it joined its pool (started or moved), and no
     move goes against the previous one within ``min_dwell_s`` (it would undo it with another worker);
   * at most one move per decision, and none within ``min_gap_s`` of the last;
@@ -77,7 +80,7 @@ class Tenure:
 class SwitchConfig:
     min_dwell_s: float = 30.0
     min_gap_s: float = 0.0  # between two moves (0: one per decision)
-    short_intervals: int = 2  # decisions in a row a pool is short before a worker moves to it
+    short_intervals: int = 1  # decisions in a row a pool is short before a worker moves to it
     spare_intervals: int = 2  # ... and the donor has one to spare
     min_prefill: int = 1
     min_decode: int = 1
@@ -128,8 +131,9 @@ def _other(pool: Role) -> Role:
 
 def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConfig, switch: SwitchConfig,
                   model: ModelTarget | None = None) -> Pressure:
-    """Short: ``decide`` grows the pool (its reasons). Spare: not short, and one worker fewer keeps its live
-    queue near empty, its latency under ``high_water`` and (with a profile) at least the model's target."""
+    """Short: ``decide`` grows the pool (its reasons, the model's target among them). Spare: not short, and one
+    worker fewer keeps its live queue near empty and KV use low, and its latency p90 is under ``high_water``.
+    ``model`` is accepted for symmetry with ``decide`` and not read (see the module's docstring)."""
     slo, hw = config.slo, config.high_water
     trusted = obs.num_finished >= config.min_requests
     ttft_near = trusted and obs.ttft_p90_ms is not None and obs.ttft_p90_ms > slo.ttft_ms * hw
@@ -142,13 +146,11 @@ def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConf
     d_short = decision.decode.reasons if decision.decode.target > decision.decode.current else ()
     n_p, n_d = obs.num_prefill, obs.num_decode
     p_spare = (not p_short and n_p > switch.min_prefill and not ttft_near
-               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue
-               and (model is None or model.num_prefill is None or model.num_prefill < n_p))
+               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue)
     # A decode donor: TTFT is the prefill pool's unless requests wait on decode workers (local prefills).
     d_spare = (not d_short and n_d > switch.min_decode and not itl_near
                and after_one_less(obs.decode_waiting, n_d) < switch.spare_queue
-               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw
-               and (model is None or model.num_decode is None or model.num_decode < n_d))
+               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw)
     return Pressure(PoolPressure(tuple(p_short), p_spare), PoolPressure(tuple(d_short), d_spare))
 
 

@@ -64,9 +64,10 @@ def _pressure(obs: Observation, model: ModelTarget | None = None) -> Pressure:
     ({"decode_kv_usage": 0.3}, None, PoolPressure(spare=True), PoolPressure()),
     # The last worker of a pool is never spare.
     ({"num_prefill": 1}, None, PoolPressure(), PoolPressure(spare=True)),
-    # A profile that needs both pools as they are: nothing spare; one that needs fewer decode workers: decode.
-    ({}, ModelTarget(2, 2), PoolPressure(), PoolPressure()),
-    ({}, ModelTarget(2, 1), PoolPressure(), PoolPressure(spare=True)),
+    # A profile that wants more decode workers: decode short (decide's "model"); its target for the donor is not
+    # read (it sizes the whole window, which lags a phase change).
+    ({}, ModelTarget(2, 3), PoolPressure(spare=True), PoolPressure(short=("model",))),
+    ({}, ModelTarget(3, 2), PoolPressure(short=("model",)), PoolPressure(spare=True)),
     # Too few finished requests: latencies are noise, queues still count.
     ({"num_finished": 2, "itl_p90_ms": 500}, None, PoolPressure(spare=True), PoolPressure(spare=True)),
 ])
