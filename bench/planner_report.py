@@ -21,9 +21,10 @@ class Phase(NamedTuple):
 
 # The original workload: the same rate throughout, prompts grow, then answers.
 SHIFT = (Phase("short", 512, 64, None), Phase("long_prompts", 2048, 64, None), Phase("long_answers", 2048, 512, None))
-# Prefill-heavy, then decode-heavy (timed from bench/profiles/vllm-100m-cpu.json / 2, `splitserve plan` sizes the
-# first 2P + 1D and the second 1P + 2D for TTFT 4 s, ITL 20 ms): the pools must trade a worker.
-PHASE_CHANGE = (Phase("prefill_heavy", 2048, 32, 0.75), Phase("decode_heavy", 512, 512, 1.25))
+# Prefill-heavy, then decode-heavy (timed from bench/profiles/vllm-100m-cpu.json / 2; for TTFT 4 s and ITL 35 ms
+# the first needs ~3 prefill workers and one decode worker, the second one prefill worker and two decode workers
+# (one alone saturates): the pools must trade a worker.
+PHASE_CHANGE = (Phase("prefill_heavy", 2048, 32, 0.75), Phase("decode_heavy", 512, 512, 2.0))
 WORKLOADS = {"shift": SHIFT, "phase-change": PHASE_CHANGE}
 
 

@@ -140,6 +140,7 @@ def launch(spec: GraphSpec) -> int:
             children.add(spawn(cmd))  # one at a time: a failed start still stops those already started
         url = f"http://{spec.host}:{spec.port}"
         ready = False
+        ready_wall_s = 0.0  # epoch s the graph was first ready: scale requests decided earlier are stale
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
             for child in children:
@@ -164,6 +165,7 @@ def launch(spec: GraphSpec) -> int:
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
+                    ready_wall_s = time.time()
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
                              prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated,
                              planner=spec.planner is not None)
@@ -173,7 +175,7 @@ def launch(spec: GraphSpec) -> int:
                     log.error("not_ready", timeout_s=spec.ready_timeout_s)
                     return 1
             elif events is not None:
-                targets = events.poll()
+                targets = events.poll(not_before_s=ready_wall_s)
                 for worker_id, role in events.take_roles().items():
                     moved(worker_id, role)
                 for pool, target in targets.items():

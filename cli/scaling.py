@@ -66,7 +66,9 @@ class ScaleEvents:
         roles, self._roles = self._roles, {}
         return roles
 
-    def poll(self) -> dict[str, int]:
+    def poll(self, not_before_s: float = 0.0) -> dict[str, int]:
+        """The latest target per pool; requests decided before ``not_before_s`` (epoch s) are dropped: a planner
+        that looked while the graph's engines were still starting saw pools short of workers that were coming."""
         latest: dict[str, int] = {}
         while True:
             try:
@@ -79,8 +81,10 @@ class ScaleEvents:
                 log.warning("dropped_message", reason=str(exc))
                 continue
             match msg:
-                case ScaleRequest(pool=pool, target=target):
+                case ScaleRequest(pool=pool, target=target, time_s=time_s) if time_s >= not_before_s:
                     latest[pool] = target
+                case ScaleRequest():
+                    pass
                 case RoleSet(worker_id=worker_id, role=role, ok=True):
                     self._roles[worker_id] = role
                 case RoleSet():

@@ -91,6 +91,7 @@ class PlannerServiceConfig:
 class Pending:
     target: int
     since_s: float  # monotonic
+    grow: bool = True  # workers on their way in (False: on their way out)
 
 
 def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, options: PlanOptions) -> ModelTarget | None:
@@ -115,8 +116,15 @@ def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, o
 
 
 def hold_pending(decision: PoolDecision, pending: Pending | None, now_s: float, timeout_s: float) -> PoolDecision:
-    """While a pool is on its way to an earlier target, keep that target (growth above it still counts)."""
-    if pending is None or now_s - pending.since_s > timeout_s or pending.target == decision.current:
+    """While a pool is on its way to an earlier target, keep that target (growth above it still counts).
+
+    Reached once the pool is at least the target it grew toward (or at most the one it shrank toward): workers
+    that were starting when the planner first looked (slow engines) count toward it, and are never drained for
+    a target set while they were not yet registered.
+    """
+    if pending is None or now_s - pending.since_s > timeout_s:
+        return decision
+    if (decision.current >= pending.target) if pending.grow else (decision.current <= pending.target):
         return decision
     if decision.target > pending.target and decision.target > decision.current:
         return decision
@@ -247,7 +255,7 @@ class PlannerService:
             if final.target != final.current:
                 pending = self._pending[pool]
                 if pending is None or pending.target != final.target:
-                    self._pending[pool] = Pending(final.target, now_s)
+                    self._pending[pool] = Pending(final.target, now_s, grow=final.target > final.current)
                     log.info("scale", pool=pool, current=final.current, target=final.target,
                              reasons=",".join(final.reasons), ttft_p90_ms=obs.ttft_p90_ms, itl_p90_ms=obs.itl_p90_ms,
                              rate_rps=round(obs.arrival_rate_rps, 2), isl=obs.isl_mean, osl=obs.osl_mean)

@@ -84,6 +84,15 @@ def test_scale_events_hand_over_moves_before_targets() -> None:
         assert targets == {"decode": 2}
         assert events.take_roles() == {"prefill-0": "decode"}
         assert events.take_roles() == {}
+        # Decided before the graph was up (a partial view): dropped.
+        pub.send(encode(ScaleRequest(seq=2, pool="prefill", current=0, target=1, time_s=100.0)))
+        pub.send(encode(ScaleRequest(seq=3, pool="decode", current=2, target=3, time_s=300.0)))
+        targets = {}
+        deadline = time.monotonic() + 5
+        while "decode" not in targets and time.monotonic() < deadline:
+            targets.update(events.poll(not_before_s=200.0))
+            time.sleep(0.01)
+        assert targets == {"decode": 3}
     finally:
         events.close()
         pub.close()

@@ -33,7 +33,10 @@ def test_hold_pending() -> None:
     assert hold_pending(same, Pending(1, 0.0), 10.0, 60.0) == same
     assert hold_pending(same, Pending(2, 0.0), 61.0, 60.0) == same
     # A drain in progress (target 1, 2 serving) is not undone by "no change".
-    assert hold_pending(PoolDecision("decode", 2, 2), Pending(1, 0.0), 10.0, 60.0).target == 1
+    assert hold_pending(PoolDecision("decode", 2, 2), Pending(1, 0.0, grow=False), 10.0, 60.0).target == 1
+    # Growth to 1 asked while no worker had registered yet (engines starting); then 2 register: reached, and the
+    # fresh decision stands (nobody is drained for the stale target).
+    assert hold_pending(PoolDecision("prefill", 2, 2), Pending(1, 0.0, grow=True), 10.0, 60.0).target == 2
 
 
 def _service(**kw) -> PlannerService:
