@@ -4,7 +4,7 @@ One open-loop (Poisson) request stream in phases (``--workload``):
   * ``shift``: one rate; short prompts and answers, then long prompts (prefill demand grows, "more requests"
     does not), then long prompts and long answers (decode demand grows);
   * ``phase-change``: prefill-heavy (ISL 2,048, OSL 32, 0.75 req/s), then decode-heavy (ISL 512, OSL 512,
-    1.25 req/s): the pools must trade capacity.
+    2 req/s): the pools must trade capacity.
 Variants (arms), each on a fresh graph of mock workers whose timing is fitted from a real vLLM profile
 (``--profile``, divided by ``--speedup``) and whose engines take the profile's start time (divided likewise)
 to start, so a started worker costs what it costs there:
@@ -159,7 +159,7 @@ def main() -> int:
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--ttft-ms", type=float, default=4000.0)
     ap.add_argument("--itl-ms", type=float, default=None,
-                    help="per-request TPOT bound, and the planner's ITL SLO (default: shift 25, phase-change 20)")
+                    help="per-request TPOT bound, and the planner's ITL SLO (default: shift 25, phase-change 35)")
     ap.add_argument("--interval-s", type=float, default=2.0)
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--max-prefill", type=int, default=3)
@@ -167,8 +167,8 @@ def main() -> int:
     ap.add_argument("--reactive-only", action="store_true", help="planner without the profile's targets")
     ap.add_argument("--variants", default="restart,fixed", help="fixed | restart (planner) | switch, comma-separated")
     ap.add_argument("--start", default=None,
-                    help="planner arms' first pools: PREFILL,DECODE (default: shift 1,1; phase-change 2,1, what "
-                    "`splitserve plan` sizes for its first phase)")
+                    help="planner arms' first pools: PREFILL,DECODE (default: shift 1,1; phase-change 3,1, what its "
+                    "first phase needs)")
     ap.add_argument("--mock-start-s", type=float, default=None,
                     help="mock engines' start time (default: the profile's engine_start_s / speedup)")
     ap.add_argument("--seed", type=int, default=0)
@@ -176,8 +176,8 @@ def main() -> int:
     args = ap.parse_args()
     args.phases = WORKLOADS[args.workload]
     phase_change = args.workload == "phase-change"
-    args.start = tuple(int(n) for n in (args.start or ("2,1" if phase_change else "1,1")).split(","))
-    args.itl_ms = args.itl_ms or (20.0 if phase_change else 25.0)
+    args.start = tuple(int(n) for n in (args.start or ("3,1" if phase_change else "1,1")).split(","))
+    args.itl_ms = args.itl_ms or (35.0 if phase_change else 25.0)
     profile_doc = json.loads(args.profile.read_text())
     if args.mock_start_s is None:
         args.mock_start_s = round(profile_doc.get("conditions", {}).get("engine_start_s", 0.0) / args.speedup, 1)
