@@ -133,8 +133,9 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
             "num_errors": overall["num_errors"], "phases": by_phase,
             "worker_seconds": worker_seconds(timeline, end_s), "load_s": round(end_s, 1),
             "reactions": reactions(actions, args.phases, args.phase_s, args.interval_s),
-            "num_moves": sum(a["action"] == "move" for a in actions),
-            "num_starts": sum(a["action"] == "start" for a in actions),
+            # Under load only: while the graph starts, the planner sees pools still registering (``up`` drops those).
+            "num_moves": sum(a["action"] == "move" and a["t_s"] >= 0 for a in actions),
+            "num_starts": sum(a["action"] == "start" and a["t_s"] >= 0 for a in actions),
             "actions": actions, "pools": timeline, "leftover_pids": leftover}
 
 
