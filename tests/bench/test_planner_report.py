@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from bench.planner_report import PHASE_CHANGE, Phase, planner_actions, reactions, worker_seconds
+from bench.planner_report import (
+    PHASE_CHANGE,
+    Phase,
+    planner_actions,
+    reactions,
+    worker_seconds,
+)
 
 
 def test_worker_seconds_integrates_processes_alive() -> None:
