@@ -6,8 +6,11 @@ registers with the router, heartbeats its load and re-registers when a restarted
 Draining (``drain()``, SIGTERM from the CLI): heartbeats say so, the router routes nothing new here, and the
 worker keeps serving whatever still arrives (routes handed out just before the router knew) until it has been
 idle for ``drain_quiet_s``, then exits. Past ``drain_timeout_s`` it exits anyway: the frontend migrates what
-is left. A prefill worker also waits ``drain_transfer_grace_s`` after its last prefill, the time a decode
-worker has to pull that KV (a pull that still fails is recomputed, not lost).
+is left. A worker also waits ``drain_transfer_grace_s`` after its last prefill for a remote decode, the time a
+decode worker has to pull that KV (a pull that still fails is recomputed, not lost).
+
+Roles (docs/architecture.md#roles): a switchable worker takes the role a router forwards it (``set_role``) and
+tells every router in its heartbeats; its engine serves either kind of request, so nothing there changes.
 """
 
 from __future__ import annotations

@@ -41,3 +41,14 @@ def test_prefill_and_decode_with_kvtier_use_multiconnector_nixl_first() -> None:
         assert nixl["kv_connector"] == "NixlConnector" and nixl["kv_role"] == vllm_role
         assert tier["kv_connector"] == "SplitserveTierConnector" and tier["kv_role"] == vllm_role
         assert tier["kv_connector_extra_config"]["write_through"] is False
+
+
+def test_switchable_is_nixl_kv_both_with_or_without_kvtier() -> None:
+    # A worker that may move between prefill and decode (SetRole) keeps NIXL whatever its role, beside kvtier.
+    alone = _config(kv_role="both", switchable=True)
+    assert alone.kv_connector == "NixlConnector" and alone.kv_role == "kv_both"
+    with_tier = _config(kv_role="both", switchable=True, kvtier_endpoint="tcp://127.0.0.1:1")
+    assert with_tier.kv_connector == "MultiConnector" and with_tier.kv_role == "kv_both"
+    nixl, tier = with_tier.kv_connector_extra_config["connectors"]
+    assert (nixl["kv_connector"], nixl["kv_role"]) == ("NixlConnector", "kv_both")
+    assert (tier["kv_connector"], tier["kv_role"]) == ("SplitserveTierConnector", "kv_both")

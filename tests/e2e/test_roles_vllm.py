@@ -1,0 +1,96 @@
+"""The real path of a role switch: three vLLM engines with kv_both (2 prefill, 1 decode); one prefill worker is
+moved to decode while requests run. No request fails, the moved worker then decodes with KV it pulled from the
+other prefill worker over NIXL, and every output equals one vLLM engine's doing both (fp32, greedy). Measures the
+switch: the router's decision to the worker serving (RoleSet.seconds), and to its first pull as a decode worker."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from bench.lib.graph import REPO, Graph, start_graph, wait_until, worker_stats
+from tests.e2e.test_openai_api import MODEL, client
+from tests.e2e.test_vllm_disagg import VLLM_ARGS, complete, prompt
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                    reason="vllm not installed")]
+MOVED = "prefill-1"
+LENGTHS = (300, 450, 700, 1000)  # above the local-prefill threshold (64 here): remote prefills
+
+
+def _set_role(graph: Graph, worker_id: str, role: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "router", "set-role", worker_id, role,
+                           "--router", graph.router, "--reason", "test"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
+    graph = start_graph(tmp_path, *VLLM_ARGS, "--prefill", "2", "--decode", "1", "--switchable",
+                        "--no-kvtier", log_name="roles-vllm.log")
+    outputs: dict[tuple[int, int], tuple[str, int]] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+    phase = {"salt": 0}
+    stop = threading.Event()
+
+    def run_client(index: int) -> None:
+        i = 0
+        while not stop.is_set():
+            n, salt = LENGTHS[(i + index) % len(LENGTHS)], 1000 * index + i  # distinct prompts, no shared prefix
+            i += 1
+            try:
+                out = complete(graph, prompt(n, salt=salt))
+            except Exception as exc:  # noqa: BLE001 - counted
+                with lock:
+                    errors.append(repr(exc))
+                continue
+            with lock:
+                outputs[(n, salt)] = out
+
+    try:
+        threads = [threading.Thread(target=run_client, args=(k,), daemon=True) for k in range(3)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: len(outputs) >= 6, timeout_s=240), (errors, graph.logs()[-3000:])
+        before = worker_stats(graph.router)
+        assert before[MOVED].num_transfers == 0  # a prefill worker so far
+        decided = time.monotonic()
+        answer = _set_role(graph, MOVED, "decode")  # a CLI process: its start-up counts in first_pull_s
+        answered = time.monotonic()
+        assert answer["ok"] and answer["role"] == "decode", answer
+        num_at_switch = len(outputs)
+        # From the decision to the moved worker's first pull as a decode worker (a request must reach it first).
+        assert wait_until(lambda: worker_stats(graph.router)[MOVED].num_transfers > 0, timeout_s=120, interval_s=0.02)
+        first_pull_s, answer_to_pull_s = time.monotonic() - decided, time.monotonic() - answered
+        assert wait_until(lambda: len(outputs) >= num_at_switch + 9, timeout_s=240)
+        stop.set()
+        for t in threads:
+            t.join(timeout=240)
+        after = worker_stats(graph.router)
+    finally:
+        stop.set()
+        graph.stop()
+    print(f"role switch: RoleSet.seconds={answer['seconds']:.4f} set-role CLI start->first pull as decode="
+          f"{first_pull_s:.3f}s answer->first pull={answer_to_pull_s:.3f}s requests={len(outputs)} "
+          f"at switch={num_at_switch}")
+    assert not errors, errors[:3]
+    moved = after[MOVED]
+    assert moved.num_transfers > 0 and moved.num_transfer_failures == 0
+    assert {t.src_worker_id for t in moved.recent_transfers} == {"prefill-0"}
+    assert all(num == 16 for _, num in outputs.values())
+    # Every output (before, across and after the switch) equals one engine doing both.
+    agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1", "--no-kvtier", log_name="agg.log")
+    try:
+        for (n, salt), out in sorted(outputs.items()):
+            assert complete(agg, prompt(n, salt=salt)) == out, f"prompt of {n} tokens, salt {salt}"
+    finally:
+        agg.stop()
+    assert answer["seconds"] < 1.0
