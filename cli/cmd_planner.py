@@ -79,6 +79,9 @@ def planner_cmd(
         return
     if scaler != "kubernetes":
         raise typer.BadParameter(f"--scaler {scaler}: none | kubernetes")
+    if role_switch:
+        # A pool is a Deployment there: a moved pod still counts in its old one, so the pools' sizes would disagree.
+        raise typer.BadParameter("--role-switch with --scaler kubernetes: not supported (pods do not change Deployment)")
     from services.planner.kube_scaler import KubernetesScaler, load_apps_api, pod_namespace, run_beside
 
     try:
