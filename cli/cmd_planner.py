@@ -34,6 +34,11 @@ def planner_cmd(
     max_workers: int = typer.Option(planner_defaults.MAX_WORKERS, help="Most prefill + decode workers"),
     down_after_intervals: int = typer.Option(3, help="Quiet intervals in a row before a worker is drained"),
     decisions: Optional[Path] = typer.Option(None, help="Append each interval's observation and decision (JSON lines)"),
+    role_switch: bool = typer.Option(False, "--role-switch/--no-role-switch",
+                                     help="Move switchable workers between pools in place (SetRole) before starting or "
+                                     "stopping any"),
+    min_dwell_s: float = typer.Option(30.0, help="--role-switch: seconds a worker stays in a pool before it "
+                                      "moves again"),
     scaler: str = typer.Option("none", help="Act on the ScaleRequests: none (publish only) | kubernetes (patch the "
                                "pools' Deployments' scale; needs the extra `kubernetes` and deploy/kubernetes/ RBAC)"),
     k8s_namespace: Optional[str] = typer.Option(None, help="--scaler kubernetes: the pools' namespace (default: "
@@ -45,6 +50,7 @@ def planner_cmd(
     """Watch the graph's latency, queues and KV usage; publish how many prefill and decode workers it needs."""
     from services.planner.policy import PlannerConfig
     from services.planner.service import PlannerService, PlannerServiceConfig
+    from services.planner.switch import SwitchConfig
     from services.planner.workload import Slo
 
     configure_logging(log_level, log_json, "planner")
@@ -66,12 +72,16 @@ def planner_cmd(
     config = PlannerServiceConfig(router_endpoint=router_endpoint, metrics_urls=tuple(metrics_url), policy=policy,
                                   events_endpoint=events, interval_s=interval_s, window_s=window_s, timing=timing,
                                   decisions_path=decisions, transport=transport(curve_dir, "planner"),
+                                  role_switch=role_switch, switch=SwitchConfig(min_dwell_s=min_dwell_s),
                                   **({"plan_options": options} if options is not None else {}))
     if scaler == "none":
         run_service(PlannerService(config).run)
         return
     if scaler != "kubernetes":
         raise typer.BadParameter(f"--scaler {scaler}: none | kubernetes")
+    if role_switch:
+        # A pool is a Deployment there: a moved pod still counts in its old one, so the pools' sizes would disagree.
+        raise typer.BadParameter("--role-switch with --scaler kubernetes: not supported (pods do not change Deployment)")
     from services.planner.kube_scaler import KubernetesScaler, load_apps_api, pod_namespace, run_beside
 
     try:

@@ -68,6 +68,8 @@ def up(
         0, help="Tokens a decode worker computes per step (0: default); small values spread local prefills",
         rich_help_panel=ENGINE),
     mock_speedup: float = typer.Option(1.0, rich_help_panel=ENGINE),
+    mock_start_s: float = typer.Option(0.0, help="Mock: seconds each engine takes to start (a profile's "
+                                       "engine_start_s, to compare scaling with switching)", rich_help_panel=ENGINE),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock workers' timing from this profile JSON",
                                                 rich_help_panel=ENGINE),
     # Pools
@@ -115,6 +117,12 @@ def up(
         rich_help_panel=PLANNER),
     planner_decisions: Optional[Path] = typer.Option(
         None, help="Planner: append each interval's decision (JSON lines)", rich_help_panel=PLANNER),
+    role_switch: bool = typer.Option(False, "--role-switch/--no-role-switch",
+                                     help="Planner: move workers between pools in place before starting or "
+                                     "draining any",
+                                     rich_help_panel=PLANNER),
+    planner_min_dwell_s: float = typer.Option(30.0, help="Planner --role-switch: seconds a worker stays in a pool "
+                                              "before it moves again", rich_help_panel=PLANNER),
     # Network
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST", help="Frontend's HTTP bind address",
                              rich_help_panel=NETWORK),
@@ -163,7 +171,8 @@ def up(
         validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
     planner_spec = PlannerSpec(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
-        max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions,
+        max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions, role_switch=role_switch,
+        min_dwell_s=planner_min_dwell_s,
         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm" else max_prefill + max_decode))
     num_workers = aggregated or prefill + decode
     if frontends == 0:
@@ -177,7 +186,8 @@ def up(
     spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
-                     mock_speedup=mock_speedup, mock_profile=mock_profile, kvtier=not no_kvtier,
+                     mock_speedup=mock_speedup, mock_profile=mock_profile, mock_start_s=mock_start_s,
+                     kvtier=not no_kvtier,
                      host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, kv_transfer=kv_transfer, host=host,
                      port=port,

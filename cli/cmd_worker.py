@@ -55,6 +55,7 @@ def worker(
     max_num_batched_tokens: int = typer.Option(2048),
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
+    mock_start_s: float = typer.Option(0.0, help="Mock: seconds its engine takes to start (as a real one loads)"),
     kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
                                help="This node's kvtier (one per node): offload KV blocks there and onboard "
                                "prefixes from it (vLLM: through our KV connector, "
@@ -140,7 +141,7 @@ def worker(
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid,
             tier=_tier_client(kvtier, wid, own_transport.curve),
-            tier_write_through=bool(kvtier_write_through), kv_transfer=kv_transfer))
+            tier_write_through=bool(kvtier_write_through), start_s=mock_start_s, kv_transfer=kv_transfer))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
         from services.worker.engines.vllm.engine import VllmEngine

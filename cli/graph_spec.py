@@ -47,6 +47,8 @@ class PlannerSpec:
     max_decode: int = planner_defaults.MAX_DECODE
     max_workers: int = planner_defaults.MAX_WORKERS
     decisions_path: Path | None = None
+    role_switch: bool = False  # move workers between pools in place before starting or draining any
+    min_dwell_s: float = 30.0  # role_switch: a worker stays in a pool this long before it moves
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class GraphSpec:
     num_blocks: int | None = None
     mock_speedup: float = 1.0
     mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
+    mock_start_s: float = 0.0  # seconds a mock engine takes to start
     # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
     kvtier: bool = True
     host_cache_gb: float = 1.0
@@ -137,6 +140,8 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--num-blocks", str(spec.num_blocks)]
     if spec.mock_profile is not None:
         cmd += ["--mock-profile", str(spec.mock_profile)]
+    if spec.mock_start_s:
+        cmd += ["--mock-start-s", str(spec.mock_start_s)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
     if spec.switchable is not None:
@@ -219,4 +224,6 @@ def planner_command(spec: GraphSpec, router: str, events: str, metrics_urls: lis
         cmd += ["--profile", str(p.profile)]
     if p.decisions_path is not None:
         cmd += ["--decisions", str(p.decisions_path)]
+    if p.role_switch:
+        cmd += ["--role-switch", "--min-dwell-s", str(p.min_dwell_s)]
     return cmd

@@ -143,6 +143,13 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
                 _signal_leader(child.proc, signal.SIGTERM)  # the worker drains, then exits 0
                 log.info("worker_draining", worker_id=child.worker_id, pid=child.proc.pid, target=target)
 
+    def moved(worker_id: str, role: str) -> None:
+        for child in children:
+            if child.worker_id == worker_id and child.role:
+                child.role = role
+                child.cmd[child.cmd.index("--role") + 1] = role  # a restart comes back in its new pool
+                log.info("worker_moved", worker_id=worker_id, role=role)
+
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     events = ScaleEvents(planner_events, scaler_keys(curve_root)) if planner_events else None
@@ -151,6 +158,7 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
             children.add(spawn(cmd))  # one at a time: a failed start still stops those already started
         url = f"http://{spec.host}:{spec.port}"
         ready = False
+        ready_wall_s = 0.0  # epoch s the graph was first ready: scale requests decided earlier are stale
         deadline = time.monotonic() + spec.ready_timeout_s
         while not stopping:
             for child in children:
@@ -175,6 +183,7 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
             if not ready:
                 ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
                 if ready:
+                    ready_wall_s = time.time()
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,
                              prefill=spec.num_prefill, decode=spec.num_decode, aggregated=spec.num_aggregated,
                              planner=spec.planner is not None, frontends=spec.num_frontends)
@@ -184,7 +193,10 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
                     log.error("not_ready", timeout_s=spec.ready_timeout_s)
                     return 1
             elif events is not None:
-                for pool, target in events.poll().items():
+                targets = events.poll(not_before_s=ready_wall_s)
+                for worker_id, role in events.take_roles().items():
+                    moved(worker_id, role)
+                for pool, target in targets.items():
                     scale(pool, target)
             time.sleep(0.2)
         return 0

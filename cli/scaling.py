@@ -14,7 +14,7 @@ import structlog
 import zmq
 
 from common.errors import ProtocolError
-from common.protocol import Role, ScaleRequest, decode
+from common.protocol import Role, RoleSet, ScaleRequest, decode
 from common.security import CurveKeys
 from services.planner.subscribe import subscribe_scale_requests
 
@@ -48,13 +48,26 @@ def scale_actions(members: Sequence[PoolMember], role: Role, target: int, max_to
 
 
 class ScaleEvents:
-    """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous)."""
+    """The planner's ScaleRequests, latest per pool (a plain SUB socket: the launcher loop is synchronous).
+
+    The planner also publishes each ``RoleSet`` the router answered to its ``SetRole`` (a worker moved pool in
+    place), before that interval's ScaleRequests: ``take_roles`` hands them over, so the launcher counts the
+    moved worker in its new pool (and restarts it in that role) before it compares the targets.
+    """
 
     def __init__(self, endpoint: str, curve: CurveKeys | None = None) -> None:
         self._ctx = zmq.Context()
         self._sub = subscribe_scale_requests(self._ctx, endpoint, curve)
+        self._roles: dict[str, Role] = {}
 
-    def poll(self) -> dict[str, int]:
+    def take_roles(self) -> dict[str, Role]:
+        """Workers moved since the last call: worker id -> its role now."""
+        roles, self._roles = self._roles, {}
+        return roles
+
+    def poll(self, not_before_s: float = 0.0) -> dict[str, int]:
+        """The latest target per pool; requests decided before ``not_before_s`` (epoch s) are dropped: a planner
+        that looked while the graph's engines were still starting saw pools short of workers that were coming."""
         latest: dict[str, int] = {}
         while True:
             try:
@@ -67,8 +80,14 @@ class ScaleEvents:
                 log.warning("dropped_message", reason=str(exc))
                 continue
             match msg:
-                case ScaleRequest(pool=pool, target=target):
+                case ScaleRequest(pool=pool, target=target, time_s=time_s) if time_s >= not_before_s:
                     latest[pool] = target
+                case ScaleRequest():
+                    pass
+                case RoleSet(worker_id=worker_id, role=role, ok=True):
+                    self._roles[worker_id] = role
+                case RoleSet():
+                    pass  # refused: the worker stayed where it was
                 case _:
                     log.warning("dropped_message", reason=f"launcher does not handle {type(msg).__name__}")
 

@@ -8,6 +8,11 @@ changed or not, so a subscriber that joins late or misses one catches up with th
 Workers take time to start (vLLM: tens of seconds) and to drain. While a pool has not reached the last
 target (``pending``), the planner neither adds more on top for the same shortage nor scales it down: it holds
 that target until the pool gets there or ``pending_timeout_s`` passes.
+
+With ``role_switch`` the planner switches first and scales second (``services.planner.switch``): when one pool
+is short and the other has a switchable worker to spare, it sends the router ``SetRole`` (one worker, in
+place, about a second), relays the router's ``RoleSet`` on the PUB socket (orchestrators then count the worker
+in its new pool) and publishes the pools' new sizes; a refused move falls back to scaling.
 """
 
 from __future__ import annotations
@@ -24,16 +29,42 @@ import structlog
 import zmq
 
 from common.errors import RemoteError, TransportTimeout
-from common.protocol import ListWorkers, Role, ScaleRequest, WorkerList, encode
+from common.protocol import (
+    ListWorkers,
+    Role,
+    RoleSet,
+    ScaleRequest,
+    SetRole,
+    WorkerList,
+    encode,
+)
 from common.router_set import RouterSet
+from common.timing import TimingModel
 from common.security import secure_server
 from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
 from services.planner.plan import plan_disaggregated, prefill_workers_for_quantile
-from services.planner.policy import ModelTarget, Observation, PlannerConfig, PlannerState, PoolDecision, decide
+from services.planner.policy import (
+    ModelTarget,
+    Observation,
+    PlannerConfig,
+    PlannerState,
+    PoolDecision,
+    ScaleDecision,
+    decide,
+)
+from services.planner.switch import (
+    Member,
+    Move,
+    NoMove,
+    SwitchConfig,
+    SwitchState,
+    choose_move,
+    pool_pressure,
+    switch_first,
+)
 from services.planner.workload import PlanOptions, Workload
-from common.timing import TimingModel
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +82,9 @@ class PlannerServiceConfig:
     timing: TimingModel | None = None
     plan_options: PlanOptions = field(default_factory=PlanOptions)
     decisions_path: Path | None = None  # JSON lines: one observation + decision per interval
+    role_switch: bool = False  # move switchable workers between pools before starting or stopping any
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
+    set_role_timeout_s: float = 5.0  # the router answers once the worker serves its new role
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -58,6 +92,7 @@ class PlannerServiceConfig:
 class Pending:
     target: int
     since_s: float  # monotonic
+    grow: bool = True  # workers on their way in (False: on their way out)
 
 
 def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, options: PlanOptions) -> ModelTarget | None:
@@ -82,8 +117,15 @@ def model_target(timing: TimingModel, obs: Observation, config: PlannerConfig, o
 
 
 def hold_pending(decision: PoolDecision, pending: Pending | None, now_s: float, timeout_s: float) -> PoolDecision:
-    """While a pool is on its way to an earlier target, keep that target (growth above it still counts)."""
-    if pending is None or now_s - pending.since_s > timeout_s or pending.target == decision.current:
+    """While a pool is on its way to an earlier target, keep that target (growth above it still counts).
+
+    Reached once the pool is at least the target it grew toward (or at most the one it shrank toward): workers
+    that were starting when the planner first looked (slow engines) count toward it, and are never drained for
+    a target set while they were not yet registered.
+    """
+    if pending is None or now_s - pending.since_s > timeout_s:
+        return decision
+    if (decision.current >= pending.target) if pending.grow else (decision.current <= pending.target):
         return decision
     if decision.target > pending.target and decision.target > decision.current:
         return decision
@@ -97,6 +139,10 @@ class PlannerService:
         self._state = PlannerState()
         self._pending: dict[Role, Pending | None] = {"prefill": None, "decode": None}
         self._seq = 0
+        self._switch = self._switch_before = SwitchState()
+        self._unswitched: ScaleDecision | None = None
+        self._state_unswitched = self._state
+        self._pending_unswitched = dict(self._pending)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -136,12 +182,15 @@ class PlannerService:
                     continue
                 start_s, start = history[0]
                 obs = replace(observe(start, now, now_s - start_s, workers), end_s=now_s)
-                record = self.step(obs, now_s)
+                record = self.step(obs, now_s, members_of(workers))
+                if record["move"] is not None:
+                    await self._set_role(router, pub, record, obs)
                 for msg in record["requests"]:
                     await pub.send(encode(msg))
                 if decisions is not None:
-                    decisions.write(json.dumps({**record, "requests": [asdict_request(m) for m in record["requests"]]})
-                                    + "\n")
+                    decisions.write(json.dumps(
+                        {**record, "move": asdict(record["move"]) if record["move"] is not None else None,
+                         "requests": [asdict_request(m) for m in record["requests"]]}) + "\n")
                     decisions.flush()
                 await asyncio.sleep(self.config.interval_s)
         finally:
@@ -151,12 +200,57 @@ class PlannerService:
             pub.close()
             secure.close()
 
-    def step(self, obs: Observation, now_s: float) -> dict:
-        """One decision from one observation (the loop's body, without I/O)."""
+    def step(self, obs: Observation, now_s: float, members: tuple[Member, ...] = ()) -> dict:
+        """One decision from one observation (the loop's body, without I/O). ``record["move"]``: the worker to
+        move (the loop sends SetRole, then ``moved`` or ``move_refused``), else None."""
         cfg = self.config
         model = model_target(cfg.timing, obs, cfg.policy, cfg.plan_options) if cfg.timing is not None else None
-        decision = decide(obs, self._state, cfg.policy, model)
+        before = self._state
+        decision = decide(obs, before, cfg.policy, model)
         self._state = decision.state
+        record: dict = {"time_s": time.time(), "observation": asdict(obs),
+                        "model": asdict(model) if model is not None else None, "move": None}
+        final = decision
+        if cfg.role_switch:
+            pressure = pool_pressure(obs, decision, cfg.policy, cfg.switch, model)
+            switched = choose_move(pressure, members, self._switch, cfg.switch, now_s)
+            self._switch_before, self._switch = self._switch, switched.state
+            final = switch_first(decision, switched.choice)
+            self._unswitched, self._state_unswitched = decision, decision.state
+            # A pool whose change waits for a move did not change: its latency windows stay valid.
+            self._state = replace(decision.state,
+                                  changed_prefill_s=decision.state.changed_prefill_s if final.prefill.changed
+                                  else before.changed_prefill_s,
+                                  changed_decode_s=decision.state.changed_decode_s if final.decode.changed
+                                  else before.changed_decode_s)
+            record["pressure"] = asdict(pressure)
+            if isinstance(switched.choice, Move):
+                record["move"] = switched.choice
+            else:
+                record["no_move"] = switched.choice.reason
+        self._pending_unswitched = dict(self._pending)
+        record["requests"] = self._requests(final, obs, now_s)
+        return record
+
+    def moved(self, record: dict, reply: RoleSet, now_s: float) -> None:
+        """The router moved the worker: windows that began before now hold both pools' old latencies."""
+        self._state = replace(self._state, changed_prefill_s=now_s, changed_decode_s=now_s)
+        record["role_set"] = {"worker_id": reply.worker_id, "role": reply.role, "ok": reply.ok,
+                              "seconds": reply.seconds}
+        log.info("role_switched", worker_id=reply.worker_id, role=reply.role, seconds=round(reply.seconds, 3),
+                 reasons=",".join(record["move"].reasons))
+
+    def move_refused(self, record: dict, obs: Observation, now_s: float, why: str) -> None:
+        """No move after all: the switch state as before it, and this interval's scaling as if none was possible."""
+        self._switch = replace(self._switch_before, short_prefill=self._switch.short_prefill,
+                               short_decode=self._switch.short_decode)
+        self._state, self._pending = self._state_unswitched, self._pending_unswitched
+        record["move_refused"] = why
+        log.warning("role_switch_refused", worker_id=record["move"].worker_id, reason=why)
+        record["requests"] = self._requests(switch_first(self._unswitched, NoMove("refused")), obs, now_s)
+
+    def _requests(self, decision: ScaleDecision, obs: Observation, now_s: float) -> list[ScaleRequest]:
+        cfg = self.config
         requests = []
         for pool_decision in (decision.prefill, decision.decode):
             pool = pool_decision.pool
@@ -164,7 +258,7 @@ class PlannerService:
             if final.target != final.current:
                 pending = self._pending[pool]
                 if pending is None or pending.target != final.target:
-                    self._pending[pool] = Pending(final.target, now_s)
+                    self._pending[pool] = Pending(final.target, now_s, grow=final.target > final.current)
                     log.info("scale", pool=pool, current=final.current, target=final.target,
                              reasons=",".join(final.reasons), ttft_p90_ms=obs.ttft_p90_ms, itl_p90_ms=obs.itl_p90_ms,
                              rate_rps=round(obs.arrival_rate_rps, 2), isl=obs.isl_mean, osl=obs.osl_mean)
@@ -173,12 +267,34 @@ class PlannerService:
             self._seq += 1
             requests.append(ScaleRequest(seq=self._seq, pool=pool, current=final.current, target=final.target,
                                          reason=",".join(final.reasons), time_s=time.time()))
-        return {"time_s": time.time(), "observation": asdict(obs),
-                "model": asdict(model) if model is not None else None, "requests": requests}
+        return requests
+
+    async def _set_role(self, router: RouterSet, pub: zmq.asyncio.Socket, record: dict, obs: Observation) -> None:
+        move: Move = record["move"]
+        msg = SetRole(request_id=new_id("role"), worker_id=move.worker_id, role=move.to_role,
+                      reason=",".join(move.reasons))
+        try:
+            reply = await router.request(msg, timeout_s=self.config.set_role_timeout_s)
+        except (TransportTimeout, RemoteError) as exc:
+            self.move_refused(record, obs, time.monotonic(), f"router: {exc}")
+            return
+        if not isinstance(reply, RoleSet) or not reply.ok:
+            self.move_refused(record, obs, time.monotonic(), getattr(reply, "reason", type(reply).__name__))
+            return
+        self.moved(record, reply, time.monotonic())
+        await pub.send(encode(reply))  # before the new sizes: orchestrators count the worker in its new pool
 
     async def _scrape(self) -> FrontendSnapshot:
         texts = await asyncio.gather(*(asyncio.to_thread(_get, url) for url in self.config.metrics_urls))
         return merge(parse_metrics(t) for t in texts)
+
+
+def members_of(workers: WorkerList) -> tuple[Member, ...]:
+    """The router's prefill and decode workers as the switch policy sees them (aggregated ones stay put)."""
+    draining = set(workers.draining)
+    return tuple(Member(info.worker_id, info.role, info.switchable, load.num_running + load.num_waiting,
+                        info.worker_id in draining)
+                 for info, load in zip(workers.workers, workers.loads) if info.role in ("prefill", "decode"))
 
 
 def asdict_request(msg: ScaleRequest) -> dict:

@@ -84,3 +84,6 @@ def test_several_frontends_each_scraped_on_their_own_metrics_port() -> None:
     spec = GraphSpec(planner=PlannerSpec(slo="ttft_ms=1,itl_ms=1"))
     cmd = planner_command(spec, "tcp://r", "tcp://e", [f"http://{a}/metrics" for a in addresses])
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--metrics-url"] == [f"http://{a}/metrics" for a in addresses]
+    assert "--role-switch" not in cmd
+    switching = GraphSpec(planner=PlannerSpec(slo="ttft_ms=1,itl_ms=1", role_switch=True))
+    assert "--role-switch" in planner_command(switching, "tcp://r", "tcp://e")

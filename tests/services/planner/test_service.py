@@ -33,7 +33,10 @@ def test_hold_pending() -> None:
     assert hold_pending(same, Pending(1, 0.0), 10.0, 60.0) == same
     assert hold_pending(same, Pending(2, 0.0), 61.0, 60.0) == same
     # A drain in progress (target 1, 2 serving) is not undone by "no change".
-    assert hold_pending(PoolDecision("decode", 2, 2), Pending(1, 0.0), 10.0, 60.0).target == 1
+    assert hold_pending(PoolDecision("decode", 2, 2), Pending(1, 0.0, grow=False), 10.0, 60.0).target == 1
+    # Growth to 1 asked while no worker had registered yet (engines starting); then 2 register: reached, and the
+    # fresh decision stands (nobody is drained for the stale target).
+    assert hold_pending(PoolDecision("prefill", 2, 2), Pending(1, 0.0, grow=True), 10.0, 60.0).target == 2
 
 
 def _service(**kw) -> PlannerService:
@@ -67,3 +70,47 @@ def test_model_target_from_timing() -> None:
     flat = replace(mix, isl_samples=())
     opts = _service().config.plan_options
     assert model_target(timing, mix, cfg, opts).num_prefill > model_target(timing, flat, cfg, opts).num_prefill
+
+
+def test_role_switch_step_moves_instead_of_starting() -> None:
+    """Decode short, prefill spare: after the hysteresis, a move (pool sizes after it), not a new worker;
+    refused by the router: this interval scales as if no move were possible."""
+    from common.protocol import RoleSet
+    from services.planner.switch import Member, Move, SwitchConfig
+
+    svc = _service(role_switch=True, switch=SwitchConfig(min_dwell_s=0.0, short_intervals=2, spare_intervals=1))
+    members = (Member("p0", "prefill", True), Member("p1", "prefill", True, num_busy=2), Member("d0", "decode", True))
+    obs = replace(OBS, num_prefill=2, itl_p90_ms=95)  # ITL near its SLO; TTFT fine, queues empty
+    r1 = svc.step(obs, now_s=0.0, members=members)
+    assert r1["move"] is None and r1["no_move"] == "hysteresis"
+    assert [(m.pool, m.target) for m in r1["requests"]] == [("prefill", 2), ("decode", 1)]  # waits for the move
+    r2 = svc.step(replace(obs, end_s=5.0), now_s=5.0, members=members)
+    assert r2["move"] == Move("p0", "prefill", "decode", ("itl",))
+    assert [(m.pool, m.current, m.target) for m in r2["requests"]] == [("prefill", 2, 1), ("decode", 1, 2)]
+    svc.moved(r2, RoleSet(request_id="x", worker_id="p0", role="decode", ok=True, seconds=0.3), now_s=5.0)
+    assert r2["role_set"]["seconds"] == 0.3
+    # Windows that began before the move no longer count for latency (only live queues and KV do).
+    r3 = svc.step(replace(obs, num_prefill=1, num_decode=2, end_s=8.0), now_s=8.0, members=members)
+    assert r3["move"] is None and r3["requests"][1].target == 2
+
+    svc = _service(role_switch=True, switch=SwitchConfig(min_dwell_s=0.0, short_intervals=1, spare_intervals=1))
+    r = svc.step(obs, now_s=0.0, members=members)
+    assert isinstance(r["move"], Move)
+    svc.move_refused(r, obs, 0.0, "not switchable")
+    assert r["move_refused"] == "not switchable"
+    assert [(m.pool, m.target, m.reason) for m in r["requests"]] == [("prefill", 2, ""), ("decode", 2, "itl")]
+
+
+def test_members_of_worker_list() -> None:
+    from common.protocol import WorkerInfo, WorkerList, WorkerLoad
+    from services.planner.service import members_of
+    from services.planner.switch import Member
+
+    def info(wid: str, role: str, switchable: bool) -> WorkerInfo:
+        return WorkerInfo(worker_id=wid, role=role, model="m", block_size=32, num_blocks=10, endpoint="tcp://x",
+                          switchable=switchable)
+
+    listed = WorkerList(request_id="r", workers=(info("p", "prefill", True), info("d", "decode", False),
+                                                 info("a", "both", True)),
+                        loads=(WorkerLoad(num_running=2, num_waiting=1), WorkerLoad(), WorkerLoad()), draining=("d",))
+    assert members_of(listed) == (Member("p", "prefill", True, 3), Member("d", "decode", False, 0, draining=True))

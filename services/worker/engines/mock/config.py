@@ -40,6 +40,9 @@ class MockEngineConfig:
     tier: TierBackend | None = None
     # Also offload every block as soon as prefill caches it (write-through), not only on eviction.
     tier_write_through: bool = False
+    # Seconds start() takes, as a real engine loads weights and warms up (a profile's engine_start_s): what
+    # starting a worker costs, for benchmarks that compare it with moving a running one between pools.
+    start_s: float = 0.0
     # How a decode request's prompt KV arrives (as vLLM on CPU): "pull", a READ the decode engine runs inside
     # its step, so the step that starts it lasts the transfer's time longer (every sequence in it waits);
     # "push", the prefill engine WRITEs it, off the decode engine's steps (only the request itself waits).

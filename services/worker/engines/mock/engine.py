@@ -82,6 +82,8 @@ class MockEngine:
         if self._closed:
             raise EngineError("mock engine was shut down")
         if self._task is None:
+            if self.config.start_s > 0:
+                await asyncio.sleep(self.config.start_s)
             self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="mock-engine-steps")
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
