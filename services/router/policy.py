@@ -134,7 +134,7 @@ def kv_cost(
 ) -> tuple[float, float]:
     """(cost, credit): cost = prefill_weight * (max(new_blocks - credit, 0) + queue_weight * queued_blocks)
     + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced); credit in
-    blocks' worth of prefill seconds saved (``credit``). One worker alone: a pool's choice also scales each
+    blocks' worth of prefill seconds saved (``tier_credit``). One worker alone: a pool's choice also scales each
     cost by the worker's prefill rate (``_score``)."""
     credit = _credit(load, kv_bytes_per_token, overlap, block_size, config)
     queue = _queued_blocks(load, config, block_size)
