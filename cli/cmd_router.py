@@ -22,6 +22,7 @@ from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 if TYPE_CHECKING:
     from services.router.cost import CostConfig
+    from services.router.tier_credit import TierConfig
 
 
 def router(
@@ -62,6 +63,11 @@ def router(
     same_node_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move within a node"),
     same_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move in a zone"),
     cross_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move across zones"),
+    host_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: bandwidth of loading a block from the "
+                                                          "host tier, which a block there saves against "
+                                                          "recomputing it (default: TierConfig's 2.9e9)"),
+    disk_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: likewise from the disk tier "
+                                                          "(default: TierConfig's 1e9)"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -93,11 +99,23 @@ def router(
                           transport=transport(curve_dir, "router"),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
                                               cost=cost,
+                                              tiers=_tier_config(host_tier_bytes_per_s, disk_tier_bytes_per_s),
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),
                                                                    ("queue_weight", queue_weight),
                                                                    ("busy_threshold", busy_threshold))
                                                  if v is not None}))
     run_service(RouterService(config).run)
+
+
+def _tier_config(host_bytes_per_s: float | None, disk_bytes_per_s: float | None) -> TierConfig:
+    """The tier speeds: TierConfig's defaults, with each bandwidth flag set over them."""
+    from services.router.tier_credit import TierConfig
+
+    try:
+        return TierConfig(**{k: v for k, v in (("host_bytes_per_s", host_bytes_per_s),
+                                               ("disk_bytes_per_s", disk_bytes_per_s)) if v is not None})
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[str, float | bool]) -> CostConfig:

@@ -7,6 +7,8 @@ Two halves, both pure:
   leading blocks of the prompt each tier holds, name the one other-host tier worth loading from past the own
   host's run, or none. Worth it when ``latency_s + extra_blocks * block_bytes / link bytes_per_s`` is less
   than ``extra_blocks * block_tokens / prefill_tokens_per_s``: the seconds saved must be positive.
+  ``seconds_saved`` is that arithmetic alone; the router's tier credit (``services/router/tier_credit.py``) uses
+  it for the host and disk tiers too.
 * ``load_sources`` (the worker's connector, which probes both tiers): the own tier's leading run, then the named
   tier's run right after it; blocks are loaded in that order, so a failure anywhere costs a recompute from there.
 
@@ -45,6 +47,17 @@ class RemoteTierPick(NamedTuple):
     seconds_saved: float = 0.0  # compute seconds minus move seconds of those blocks
 
 
+def seconds_saved(num_blocks: int, block_tokens: int, block_bytes: int, prefill_tokens_per_s: float,
+                  link: Link) -> float:
+    """Seconds that loading ``num_blocks`` over ``link`` saves against computing them at ``prefill_tokens_per_s``:
+    ``num_blocks * block_tokens / rate - (latency_s + num_blocks * block_bytes / bytes_per_s)``. Negative when
+    recomputing is faster; 0 for no blocks (nothing moves, no latency)."""
+    if num_blocks <= 0:
+        return 0.0
+    move_s = link.latency_s + num_blocks * block_bytes / link.bytes_per_s
+    return num_blocks * block_tokens / prefill_tokens_per_s - move_s
+
+
 def pick_remote_tier(node: str, runs: Sequence[TierRun], num_loadable_blocks: int, block_tokens: int,
                      block_bytes: int, prefill_tokens_per_s: float,
                      link_to: Callable[[str], Link]) -> RemoteTierPick:
@@ -64,9 +77,7 @@ def pick_remote_tier(node: str, runs: Sequence[TierRun], num_loadable_blocks: in
         if run.node == node or extra <= 0:
             continue
         longer = True
-        link = link_to(run.node)
-        move_s = link.latency_s + extra * block_bytes / link.bytes_per_s
-        saved = extra * block_tokens / prefill_tokens_per_s - move_s
+        saved = seconds_saved(extra, block_tokens, block_bytes, prefill_tokens_per_s, link_to(run.node))
         if saved > 0 and (best is None or saved > best.seconds_saved):
             best = RemoteTierPick(run, "remote_cheaper", extra, saved)
     if best is not None:

@@ -17,12 +17,12 @@ class RouterMetrics:
             buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2),
         )
         self.predicted_hit_blocks = Counter(
-            "splitserve_router_predicted_hit_blocks", "Request blocks predicted cached on the chosen worker (tier-weighted)",
+            "splitserve_router_predicted_hit_blocks", "Prefill blocks the chosen worker's cached prefix saves (host/disk blocks priced in seconds)",
             registry=r)
         self.request_blocks = Counter("splitserve_router_request_blocks", "Full blocks in routed prompts",
                                       registry=r)
         self.best_overlap_blocks = Counter(
-            "splitserve_router_best_overlap_blocks", "Overlap of the best worker, chosen or not (tier-weighted)",
+            "splitserve_router_best_overlap_blocks", "Prefill blocks saved on the best worker, chosen or not (host/disk blocks priced in seconds)",
             registry=r)
         self.events_applied = Counter("splitserve_router_kv_events_applied", "KV events applied", registry=r)
         self.events_stale = Counter("splitserve_router_kv_events_stale",
@@ -69,7 +69,8 @@ class RouterMetrics:
         self.routes.labels(prefill="remote" if choice.prefill_worker_id else "local").inc()
         self.decision_seconds.observe(seconds)
         self.request_blocks.inc(num_blocks)
-        # Tier-weighted overlaps (device + 0.75 host + 0.25 disk), as the cost function sees them.
+        # Credits as the cost function sees them, in blocks' worth of prefill: a device block 1, a host or disk
+        # block (recompute s - fetch s) / recompute s on that worker, in [0, 1] (services/router/tier_credit.py).
         self.predicted_hit_blocks.inc(choice.decode.overlap_blocks)
         self.best_overlap_blocks.inc(choice.decode.best_overlap_blocks)
         if choice.predicted_s > 0:

@@ -15,8 +15,10 @@ from typing import Literal
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
-from services.router.cost import CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, queued_tokens
+from services.router.cost import (CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, prefill_rate,
+                                  queued_tokens)
 from services.router.index import TierOverlap
+from services.router.tier_credit import TierConfig, tier_credit
 from services.router.topology import Place, Relation, Topology
 
 # Relative difference from the pool's median prefill rate below which a worker's rate is not priced.
@@ -57,9 +59,9 @@ class PolicyConfig:
     # (at 1: reuse 0.47-0.72 in the simulation, 0.57 on the uniform workload even with exact queues; 0.1-0.25
     # kept reuse >= 0.89 with every tail under round-robin's, 0.5 let it slip to 0.83).
     queue_weight: float = 0.25
-    # Blocks' worth of prefill a reusable host / disk block saves (a device block saves 1).
-    host_credit: float = 0.75
-    disk_credit: float = 0.25
+    # Host / disk tier speeds: a block there is credited the seconds its fetch saves against recomputing it
+    # on the candidate, in blocks' worth (services/router/tier_credit.py; a device block saves 1).
+    tiers: TierConfig = field(default_factory=TierConfig)
     # Fraction of KV blocks in use above which a worker is skipped, unless every worker is above it.
     busy_threshold: float = 0.95
     # 0: always the lowest cost. Above 0: sample softmax(-normalised cost / temperature).
@@ -127,14 +129,26 @@ def is_busy(load: WorkerLoad, threshold: float) -> bool:
 
 
 def kv_cost(
-    load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig, block_size: int = 0
+    load: WorkerLoad, overlap: TierOverlap, num_request_blocks: int, config: PolicyConfig, block_size: int = 0,
+    kv_bytes_per_token: int = 0,
 ) -> tuple[float, float]:
     """(cost, credit): cost = prefill_weight * (max(new_blocks - credit, 0) + queue_weight * queued_blocks)
-    + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced). One worker
-    alone: a pool's choice also scales each cost by the worker's prefill rate (``_score``)."""
-    credit = overlap.credit(config.host_credit, config.disk_credit)
+    + active decode blocks; queued blocks = queued prefill tokens / ``block_size`` (0: not priced); credit in
+    blocks' worth of prefill seconds saved (``tier_credit``). One worker alone: a pool's choice also scales each
+    cost by the worker's prefill rate (``_score``)."""
+    credit = _credit(load, kv_bytes_per_token, overlap, block_size, config)
     queue = _queued_blocks(load, config, block_size)
     return config.prefill_weight * (max(num_request_blocks - credit, 0.0) + queue) + load.num_active_blocks, credit
+
+
+def _credit(load: WorkerLoad, kv_bytes_per_token: int, overlap: TierOverlap, block_size: int,
+            config: PolicyConfig) -> float:
+    """Blocks' worth of prefill the overlap saves on this worker, at its rate (measured, else the default) and
+    its KV bytes per token (registered, else the configured default)."""
+    if overlap.disk == overlap.device:  # device blocks only (the common case): no tier to price
+        return float(overlap.device)
+    return tier_credit(overlap, block_size, kv_bytes_per_token or config.cost.kv_bytes_per_token,
+                       prefill_rate(load, config.cost), config.tiers)
 
 
 def _queued_blocks(load: WorkerLoad, config: PolicyConfig, block_size: int) -> float:
@@ -197,7 +211,7 @@ def _score(
     With ``block_size`` the cost is seconds in disguise: each worker's cost is scaled by the pool's typical
     prefill rate over its own (``rate_scales``), so blocks are priced at the speed of the worker that computes them.
     """
-    weight, host_credit, disk_credit = config.prefill_weight, config.host_credit, config.disk_credit
+    weight = config.prefill_weight
     no_overlap_cost = weight * max(num_request_blocks, 0)  # most workers hold none of the prompt
     scales = rate_scales([c.load for c in pool]) if block_size else None
     out = []
@@ -210,7 +224,7 @@ def _score(
         if overlap is None:
             credit, prefill = 0.0, no_overlap_cost
         else:
-            credit = overlap.credit(host_credit, disk_credit)
+            credit = _credit(load, candidate.kv_bytes_per_token, overlap, block_size, config)
             uncached = num_request_blocks - credit
             prefill = weight * uncached if uncached > 0 else 0.0
         cost = prefill + queue + load.num_active_blocks
@@ -349,7 +363,8 @@ class Policy:
 
 def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig) -> Site:
     overlap = overlaps.get(candidate.worker_id)
-    credit = overlap.credit(config.host_credit, config.disk_credit) if overlap is not None else 0.0
+    credit = 0.0 if overlap is None else _credit(candidate.load, candidate.kv_bytes_per_token, overlap, block_size,
+                                                 config)
     return Site(candidate.worker_id, candidate.load, Place(candidate.node, candidate.zone),
                 candidate.kv_bytes_per_token, int(credit * block_size))
 

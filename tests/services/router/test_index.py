@@ -31,13 +31,6 @@ def batch(worker_id: str, event_id: int, *events) -> KvEvents:
     return KvEvents(worker_id=worker_id, event_id=event_id, events=tuple(events))
 
 
-def test_tier_overlap_credit() -> None:
-    # 2 on device, 3 more on host, 1 more on disk: 2 + 0.75 * 3 + 0.25 * 1.
-    assert TierOverlap(device=2, host=5, disk=6).credit() == 4.5
-    assert TierOverlap(device=2, host=5, disk=6).credit(host_credit=1.0, disk_credit=0.0) == 5.0
-    assert NO_OVERLAP.credit() == 0.0
-
-
 @pytest.mark.parametrize(
     ("layout", "expected"),
     [

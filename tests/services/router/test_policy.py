@@ -9,6 +9,7 @@ import pytest
 
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
+from services.router.cost import CostConfig
 from services.router.index import TierOverlap
 from services.router.policy import (
     Candidate,
@@ -21,6 +22,7 @@ from services.router.policy import (
     decide_prefill,
     kv_cost,
 )
+from services.router.tier_credit import TierConfig
 
 BS = 16
 
@@ -37,6 +39,12 @@ def dev(n: int) -> TierOverlap:
 
 
 KV = PolicyConfig(prefill_weight=1.0)  # the cost formula's arithmetic at unit weight (the default is tuned)
+# Tier speeds in powers of two, no latency: a host block saves 0.75 of a block's compute, a disk block 0.5, at the
+# workers' 1,024 tokens/s (none measured) and 1,024 KV bytes per token (services/router/tier_credit.py).
+TIERED = PolicyConfig(prefill_weight=1.0, cost=CostConfig(prefill_tokens_per_s=1024.0, kv_bytes_per_token=1024),
+                      tiers=TierConfig(host_bytes_per_s=4 * 2**20, disk_bytes_per_s=2 * 2**20, host_latency_s=0.0,
+                                       disk_latency_s=0.0))
+SLOW_DISK = PolicyConfig(prefill_weight=1.0, cost=TIERED.cost, tiers=TierConfig(disk_bytes_per_s=2**19))
 
 
 @pytest.mark.parametrize(
@@ -45,9 +53,9 @@ KV = PolicyConfig(prefill_weight=1.0)  # the cost formula's arithmetic at unit w
         pytest.param(  # a: 2 to compute + 10 active = 12; b: 10 + 0 = 10
             [cand("a", active=10), cand("b")], {"a": dev(8)}, 10, KV,
             Choice("b", 10.0, 0.0, "lowest_cost", 8.0), id="cost-prefill-vs-decode"),
-        pytest.param(  # a: credit 2 + 0.75*4 + 0.25*4 = 6 -> cost 4; b: credit 5 -> cost 5
-            [cand("a"), cand("b")], {"a": TierOverlap(2, 6, 10), "b": dev(5)}, 10, KV,
-            Choice("a", 4.0, 6.0, "lowest_cost", 6.0), id="host-disk-credit"),
+        pytest.param(  # a: credit 2 + 0.75*4 + 0.5*4 = 7 -> cost 3; b: credit 5 -> cost 5
+            [cand("a"), cand("b")], {"a": TierOverlap(2, 6, 10), "b": dev(5)}, 10, TIERED,
+            Choice("a", 3.0, 7.0, "lowest_cost", 7.0), id="host-disk-credit"),
         pytest.param(  # overlap beyond the request's blocks: prefill term floors at 0
             [cand("a", active=3), cand("b", active=4)], {"a": dev(12), "b": dev(12)}, 10, KV,
             Choice("a", 3.0, 12.0, "lowest_cost", 12.0), id="credit-floor"),
@@ -72,9 +80,9 @@ KV = PolicyConfig(prefill_weight=1.0)  # the cost formula's arithmetic at unit w
         pytest.param(  # prefill_weight 0: load only
             [cand("a", active=5), cand("b", active=1)], {"a": dev(10)}, 10, PolicyConfig(prefill_weight=0.0),
             Choice("b", 1.0, 0.0, "lowest_cost", 10.0), id="weight-0"),
-        pytest.param(  # custom credits: host counts fully
-            [cand("a"), cand("b")], {"a": TierOverlap(0, 8, 8), "b": dev(7)}, 10,
-            PolicyConfig(host_credit=1.0, prefill_weight=1.0), Choice("a", 2.0, 8.0, "lowest_cost", 8.0), id="host-credit-1"),
+        pytest.param(  # a disk that loads slower than the worker computes earns nothing: b's 3 device blocks win
+            [cand("a"), cand("b")], {"a": TierOverlap(0, 0, 8), "b": dev(3)}, 10, SLOW_DISK,
+            Choice("b", 7.0, 3.0, "lowest_cost", 3.0), id="slow-disk-no-credit"),
         pytest.param(  # least-loaded ignores overlap; ties on requests broken by active blocks
             [cand("a", running=1, active=9), cand("b", running=1, active=3), cand("c", running=3)],
             {"a": dev(10)}, 10, PolicyConfig(policy="least-loaded", prefill_weight=1.0),
@@ -91,11 +99,12 @@ def test_choose_worker(candidates, overlaps, blocks, config, expected) -> None:
 
 def test_kv_cost_matches_choice() -> None:
     load = WorkerLoad(num_active_blocks=7)
-    overlap = TierOverlap(2, 6, 10)  # credit 6
-    assert kv_cost(load, overlap, 10, KV) == (11.0, 6.0)
-    assert kv_cost(load, overlap, 10, PolicyConfig(prefill_weight=2.0)) == (15.0, 6.0)
-    choice = choose_worker([Candidate("a", load)], {"a": overlap}, 10, KV, random.Random(0), 0)
-    assert (choice.cost, choice.overlap_blocks) == kv_cost(load, overlap, 10, KV)
+    overlap = TierOverlap(2, 6, 10)  # credit 2 + 0.75 * 4 + 0.5 * 4 = 7
+    assert kv_cost(load, overlap, 10, TIERED) == (10.0, 7.0)
+    assert kv_cost(load, overlap, 10, PolicyConfig(prefill_weight=2.0, cost=TIERED.cost, tiers=TIERED.tiers)) == (
+        13.0, 7.0)
+    choice = choose_worker([Candidate("a", load)], {"a": overlap}, 10, TIERED, random.Random(0), 0)
+    assert (choice.cost, choice.overlap_blocks) == kv_cost(load, overlap, 10, TIERED)
 
 
 @pytest.mark.parametrize(("rr_index", "expected"), [(0, "a"), (1, "b"), (2, "c"), (3, "a"), (7, "b")])
@@ -193,10 +202,10 @@ def test_route_aggregated() -> None:
 
 def test_route_remote_prefill_on_best_prefill_worker() -> None:
     overlaps = {"p2": TierOverlap(100, 150, 150), "d1": dev(3)}
-    choice = route(Policy(KV), 4000, [cand("d1"), cand("d2", active=1)], [cand("p1"), cand("p2")], overlaps)
+    choice = route(Policy(TIERED), 4000, [cand("d1"), cand("d2", active=1)], [cand("p1"), cand("p2")], overlaps)
     assert summary(choice) == (
         "d1", "p2", 150 * BS, "remote")
-    assert choice.prefill == Choice("p2", 250 - 137.5, 137.5, "lowest_cost", 137.5)
+    assert choice.prefill == Choice("p2", 250 - 137.5, 137.5, "lowest_cost", 137.5)  # 100 + 0.75 * 50 host blocks
 
 
 def test_route_short_uncached_stays_local() -> None:

@@ -66,8 +66,8 @@ def test_queue_in_the_cost(candidates, block_size, config, expected) -> None:
 
 def test_kv_cost_with_queue_matches_choice() -> None:
     load = WorkerLoad(num_active_blocks=7, num_waiting_tokens=64)  # 4 blocks queued
-    assert kv_cost(load, TierOverlap(2, 6, 10), 10, UNIT, BS) == (15.0, 6.0)  # 4 to compute + 4 queued + 7
-    assert kv_cost(load, TierOverlap(2, 6, 10), 10, UNIT) == (11.0, 6.0)  # no block size: no queue
+    assert kv_cost(load, dev(6), 10, UNIT, BS) == (15.0, 6.0)  # 4 to compute + 4 queued + 7
+    assert kv_cost(load, dev(6), 10, UNIT) == (11.0, 6.0)  # no block size: no queue
 
 
 @pytest.mark.parametrize(
