@@ -75,7 +75,7 @@ def test_the_child_dies_with_its_launcher() -> None:
         assert alive(child_pid)
         proc.kill()  # SIGKILL: the launcher runs no clean-up of its own
         proc.wait()
-        assert wait_until(lambda: not alive(child_pid), timeout_s=10)
+        assert wait_until(lambda: not alive(child_pid), timeout_s=30)
     finally:
         proc.kill()
         proc.wait()

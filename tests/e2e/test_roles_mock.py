@@ -28,7 +28,8 @@ def graph_and_flex(tmp_path_factory):
     metrics_port = free_port()
     log_dir = tmp_path_factory.mktemp("roles")
     graph = start_graph(log_dir, "--engine", "mock", "--prefill", "1", "--decode", "1", "--fixed-role",
-                        "--mock-speedup", "4", "--num-blocks", "1024", "--router-metrics-port", str(metrics_port))
+                        # pull, as the standalone flex worker below: the test reads the decode side's pull samples
+                        "--kv-transfer", "pull", "--mock-speedup", "4", "--num-blocks", "1024", "--router-metrics-port", str(metrics_port))
     log = open(log_dir / "flex.log", "wb")
     flex = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--model", str(tiny_model_dir()),
                              "--engine", "mock", "--role", "prefill", "--switchable", "--worker-id", FLEX,
