@@ -6,7 +6,7 @@ One fit per tier for the whole cluster, not per node: loads are sparse (one per 
 would leave most nodes on the seed for long, and a deployment's kvtiers run on alike machines. The fit:
 ``seconds = latency_s + num_bytes / bytes_per_s`` by least squares when the loads' sizes spread enough to tell
 the two apart (largest >= 2x smallest) and the fit is physical (latency >= 0, bandwidth > 0); otherwise the
-median of ``num_bytes / (seconds - seed latency)`` over loads of at least ``min_bytes`` (a tiny load measures
+median of ``num_bytes / (seconds - seed latency)`` (at most half the seconds taken off) over loads of at least ``min_bytes`` (a tiny load measures
 its latency, not the tier's bandwidth), latency kept at the seed. Pure functions plus one small holder.
 """
 
@@ -43,7 +43,9 @@ def fit_link(samples: Sequence[tuple[int, float]], seed: Link, min_bytes: int = 
     big = [(b, s) for b, s in usable if b >= min_bytes]
     if not big:
         return Fit(seed, 0, "seed")
-    rates = [b / max(s - seed.latency_s, MIN_SECONDS) for b, s in big]
+    # At most half a load's seconds are the seed's latency: a load timed faster than that latency (a seed too
+    # high for this deployment) must not read as an unbounded bandwidth.
+    rates = [b / max(s - seed.latency_s, s / 2) for b, s in big]
     return Fit(Link(statistics.median(rates), seed.latency_s), len(big), "median")
 
 
