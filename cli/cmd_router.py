@@ -45,8 +45,8 @@ def router(
                                                  "against the prompt's own (default: PolicyConfig's)"),
     busy_threshold: Optional[float] = typer.Option(None, help="kv: skip workers with more of their KV in use "
                                                    "than this fraction (default: PolicyConfig's)"),
-    cost_profile: Optional[Path] = typer.Option(None, help="kv: seed the prefill rate and the same-node link "
-                                                "from a profile (splitserve profile's JSON)"),
+    cost_profile: Optional[Path] = typer.Option(None, help="kv: seed the prefill rate, the same-node link "
+                                                "and tier speeds from a profile (splitserve profile's JSON)"),
     prefill_tokens_per_s: Optional[float] = typer.Option(None, help="kv: prefill rate of workers that report "
                                                          "none (default: the profile's, else CostConfig's)"),
     local_prefill_factor: Optional[float] = typer.Option(None, help="kv: local prefill seconds times this (a "
@@ -65,9 +65,10 @@ def router(
     cross_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move across zones"),
     host_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: bandwidth of loading a block from the "
                                                           "host tier, which a block there saves against "
-                                                          "recomputing it (default: TierConfig's 2.9e9)"),
+                                                          "recomputing it, until learned from tier loads (default: the profile's, "
+                                                          "else TierConfig's 2.9e9)"),
     disk_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: likewise from the disk tier "
-                                                          "(default: TierConfig's 1e9)"),
+                                                          "(default: the profile's, else TierConfig's 1e9)"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -99,7 +100,8 @@ def router(
                           transport=transport(curve_dir, "router"),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
                                               cost=cost,
-                                              tiers=_tier_config(host_tier_bytes_per_s, disk_tier_bytes_per_s),
+                                              tiers=_tier_config(cost_profile, host_tier_bytes_per_s,
+                                                                 disk_tier_bytes_per_s),
                                               **{k: v for k, v in (("prefill_weight", prefill_weight),
                                                                    ("queue_weight", queue_weight),
                                                                    ("busy_threshold", busy_threshold))
@@ -107,13 +109,17 @@ def router(
     run_service(RouterService(config).run)
 
 
-def _tier_config(host_bytes_per_s: float | None, disk_bytes_per_s: float | None) -> TierConfig:
-    """The tier speeds: TierConfig's defaults, with each bandwidth flag set over them."""
+def _tier_config(profile: Path | None, host_bytes_per_s: float | None,
+                 disk_bytes_per_s: float | None) -> TierConfig:
+    """The tier speeds the router starts from (it learns them from the workers' tier loads after): TierConfig's
+    defaults, a profile's ``tiers`` figures over them where it has some, then each bandwidth flag."""
+    from common.profile import load_profile, tier_fields
     from services.router.tier_credit import TierConfig
 
     try:
-        return TierConfig(**{k: v for k, v in (("host_bytes_per_s", host_bytes_per_s),
-                                               ("disk_bytes_per_s", disk_bytes_per_s)) if v is not None})
+        seed = tier_fields(load_profile(profile)) if profile is not None else {}
+        return TierConfig(**{**seed, **{k: v for k, v in (("host_bytes_per_s", host_bytes_per_s),
+                                                          ("disk_bytes_per_s", disk_bytes_per_s)) if v is not None}})
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 

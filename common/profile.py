@@ -135,6 +135,19 @@ def timing_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
     return dict(doc)
 
 
+# Tier speeds a profile may carry (measured e.g. by bench/tiers.py): the router's seed for its tier-speed
+# learner (services/router/tier_credit.py TierConfig fields: bytes/s and seconds per load).
+TIER_FIELDS = ("host_bytes_per_s", "disk_bytes_per_s", "host_latency_s", "disk_latency_s")
+
+
+def tier_fields(doc: Mapping[str, Any]) -> dict[str, float]:
+    """The profile's ``tiers`` figures that are present ({} for a profile without them)."""
+    tiers = doc.get("tiers") or {}
+    if not isinstance(tiers, Mapping):
+        raise ValueError("a profile's tiers is a JSON object")
+    return {k: float(tiers[k]) for k in TIER_FIELDS if tiers.get(k) is not None}
+
+
 def load_timing(path: Path, speedup: float = 1.0) -> TimingModel:
     """The mock's timing from a profile file (``splitserve worker --mock-profile``)."""
     return TimingModel.from_profile({**timing_fields(load_profile(path)), "speedup": speedup})

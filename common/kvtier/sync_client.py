@@ -58,6 +58,8 @@ class SyncTierClient:
         # Counters (logs, tests).
         self.num_probes = 0
         self.num_fetched = 0
+        # The slowest tier the last fetch's blocks came from ("disk" if any did), for its load's timing sample.
+        self.last_fetch_tier = "host"
         self.num_bad_blocks = 0
         self.num_stored = 0
         self.num_dropped = 0
@@ -91,6 +93,7 @@ class SyncTierClient:
             return []
         max_blocks = max(1, self.config.max_message_bytes // max(1, block_bytes))
         out: list[bytes] = []
+        self.last_fetch_tier = "host"
         deadline = time.monotonic() + timeout_s
         try:
             while len(out) < len(block_hashes):
@@ -107,6 +110,8 @@ class SyncTierClient:
                                     expected_size=block_bytes)
                         break
                     out.append(block.data)
+                    if block.tier == "disk":
+                        self.last_fetch_tier = "disk"
                     good += 1
                 if good < len(reply.blocks) or not reply.truncated or not reply.blocks:
                     break

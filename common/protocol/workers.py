@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from common.protocol.base import PROTOCOL_VERSION, Msg, Role  # noqa: F401  (PROTOCOL_VERSION: re-exported)
+from common.protocol.base import PROTOCOL_VERSION, Msg, Role, Tier  # noqa: F401  (PROTOCOL_VERSION: re-exported)
 
 # --------------------------------------------------------------------------------------------- shared parts
 
@@ -124,6 +124,17 @@ class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
     src_worker_id: str = ""
 
 
+class TierLoadSample(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One finished load of prompt KV from a KV tier (kvtier) into the engine, as the engine timed it: lookup,
+    READ/copy and checks (vLLM: the kvtier connector's ``kvtier_loaded``; mock: its lookup plus simulated move).
+    The router learns each tier's bytes/s and latency from them (services/router/tier_speeds.py)."""
+
+    seq: int  # 1-based: this was the worker's seq-th tier load
+    tier: Tier  # the slowest tier the load's blocks came from ("disk" if any did, else "host")
+    num_bytes: int
+    seconds: float
+
+
 # ------------------------------------------------------------------------------------------ worker <-> router
 
 
@@ -153,6 +164,8 @@ class Heartbeat(Msg, frozen=True):
     # The worker's role now (it is the source of truth: a SetRole moves it and every router follows its beats;
     # a router that restarts learns it from the registration). "": an older worker, role as registered.
     role: Role | Literal[""] = ""
+    # Tier loads finished since the previous heartbeat, oldest first (the router learns tier speeds from them).
+    tier_loads: tuple[TierLoadSample, ...] = ()
 
 
 class Unregister(Msg, frozen=True):

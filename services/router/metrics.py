@@ -50,6 +50,16 @@ class RouterMetrics:
             "splitserve_router_link_bandwidth_bytes_per_second",
             "KV pull bandwidth learned per node pair (median of recent decode-worker samples)",
             ["src_node", "dst_node"], registry=r)
+        # Seeded with the configured (or profiled) speeds, so a scrape shows what the cost uses before any load.
+        self.tier_bandwidth = Gauge(
+            "splitserve_router_tier_bytes_per_second",
+            "KV tier load bandwidth the router prices tier blocks with (fitted to recent worker tier loads; "
+            "the configured seed until a tier has some)", ["tier"], registry=r)
+        self.tier_latency = Gauge(
+            "splitserve_router_tier_latency_seconds", "Fixed seconds per KV tier load the router prices with",
+            ["tier"], registry=r)
+        self.tier_samples = Counter("splitserve_router_tier_load_samples", "Worker KV tier loads reported",
+                                    ["tier"], registry=r)
         self.transfer_samples = Counter(
             "splitserve_router_transfer_samples", "KV pull samples reported by workers, by whether a link learned "
             "from them", ["used"], registry=r)

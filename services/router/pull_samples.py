@@ -1,12 +1,16 @@
-"""A decode worker's reported KV pulls teach the router the bandwidth of the links they crossed."""
+"""A decode worker's reported KV pulls teach the router the bandwidth of the links they crossed; any worker's
+reported KV tier loads teach it the tiers' speeds (``TierSpeeds``), which the kv policy's tier credit uses."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from common.protocol import TransferSample
+from common.protocol import TierLoadSample, TransferSample
 from services.router.metrics import RouterMetrics
+from services.router.policy import Policy
 from services.router.registry import Registry
+from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Place, Topology
 
 
@@ -25,3 +29,19 @@ def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, 
         metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
         if bandwidth is not None and src is not None:
             metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
+
+
+def learn_tiers(speeds: TierSpeeds, policy: Policy, metrics: RouterMetrics,
+                samples: tuple[TierLoadSample, ...]) -> None:
+    """Feed a worker's tier loads to the learner; a changed fit becomes the policy's tier speeds."""
+    for sample in samples:
+        metrics.tier_samples.labels(tier=sample.tier).inc()
+    if speeds.record(samples):
+        policy.config = dataclasses.replace(policy.config, tiers=speeds.config)
+        show_tiers(speeds, metrics)
+
+
+def show_tiers(speeds: TierSpeeds, metrics: RouterMetrics) -> None:
+    for tier, fit in (("host", speeds.host), ("disk", speeds.disk)):
+        metrics.tier_bandwidth.labels(tier=tier).set(fit.link.bytes_per_s)
+        metrics.tier_latency.labels(tier=tier).set(fit.link.latency_s)

@@ -47,8 +47,9 @@ from services.router.policy import Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
 from services.router.remote_tier import remote_tier
 from services.router.overlaps import merged_overlaps
-from services.router.pull_samples import learn_links
+from services.router.pull_samples import learn_links, learn_tiers, show_tiers
 from services.router.roles import RoleSwitcher
+from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Topology
 
 log = structlog.get_logger(__name__)
@@ -100,7 +101,10 @@ class RouterService:
         # Link bandwidths learned from the decode workers' pulls; the kv policy prices KV moves with it.
         self.topology = Topology(config.policy.cost.topology)
         self.policy = Policy(config.policy, seed=config.seed, topology=self.topology)
+        # Tier speeds learned from the workers' tier loads; the configured ones until then.
+        self.tier_speeds = TierSpeeds(config.policy.tiers)
         self.metrics = RouterMetrics()
+        show_tiers(self.tier_speeds, self.metrics)
         self._server: Server | None = None
         self.endpoint = ""
         self.roles = RoleSwitcher(self.registry, self.metrics, self._identities, self._send)
@@ -178,6 +182,8 @@ class RouterService:
                 self.roles.reported(worker_id, msg.role)  # the worker's role, as it says (a SetRole moved it)
                 if msg.transfers:
                     learn_links(self.registry, self.topology, self.metrics, worker_id, msg.transfers)
+                if msg.tier_loads:
+                    learn_tiers(self.tier_speeds, self.policy, self.metrics, msg.tier_loads)
                 return None
             case RegisterWorker(request_id=rid, info=info):
                 try:

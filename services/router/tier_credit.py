@@ -7,8 +7,9 @@ tier's bandwidth (``common.kvtier.sources.seconds_saved``, the arithmetic the re
 disk slower than recomputing earns nothing, a fast host tier nearly a whole block, and a slow worker (low
 prefill rate) values the same tier blocks more than a fast one.
 
-Tier speeds are configured (``TierConfig``): the workers' load reports and kvtier's ``TierStats`` carry no
-load timings yet, so there is nothing to learn them from. Pure functions of their arguments.
+Tier speeds (``TierConfig``): the configured (or profiled) figures seed them; once workers report tier loads
+(``TierLoadSample`` on heartbeats) the router fits them (services/router/tier_speeds.py) and passes the fit
+here. Pure functions of their arguments.
 """
 
 from __future__ import annotations

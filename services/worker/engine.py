@@ -17,6 +17,7 @@ from common.protocol import (
     KvTransferParams,
     SamplingParams,
     TokenLogprobs,
+    TierLoadSample,
     TransferSample,
     WorkerLoad,
 )
@@ -94,6 +95,8 @@ class EngineCounters:
     num_prompt_tokens_computed: int = 0
     num_prompt_tokens_cached: int = 0
     num_prompt_tokens_pulled: int = 0
+    # The last loads from a KV tier one by one, oldest first (not drained; the heartbeat reports new ones once).
+    recent_tier_loads: tuple[TierLoadSample, ...] = ()
 
 
 class Engine(Protocol):

@@ -48,6 +48,7 @@ from common.transport import Server, TransportConfig, new_id, open_context
 from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
 from services.worker.metrics import WorkerMetrics
+from services.worker.tier_load_log import NewTierLoads
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
@@ -112,6 +113,7 @@ class WorkerService:
         self.metrics = WorkerMetrics(config.worker_id, config.role)
         # Pulls not yet reported to the router, and where each came from.
         self._transfer_sources = TransferSources()
+        self._new_tier_loads = NewTierLoads()  # tier loads reported once each, by heartbeat
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -352,6 +354,8 @@ class WorkerService:
         load = self.engine.load()
         counters = self._refresh_counters(load)
         transfers = self._transfer_sources.new_samples(counters.recent_transfers)
+        tier_loads = self._new_tier_loads.take(counters.recent_tier_loads)
         # One beat for every router (the pulls it reports are handed out once): a router that is down misses it.
         send_all(self._links, Heartbeat(worker_id=self.config.worker_id, load=load, seq=self._heartbeat_seq,
-                                        draining=self._draining, transfers=transfers, role=self._role))
+                                        draining=self._draining, transfers=transfers, role=self._role,
+                                        tier_loads=tier_loads))

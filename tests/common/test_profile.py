@@ -72,3 +72,22 @@ def test_load_timing_reads_a_profile_or_a_flat_dict(tmp_path: Path, doc: dict) -
     flat = tmp_path / "flat.json"
     flat.write_text(json.dumps({"decode_base_s": 0.5}))
     assert load_timing(flat).decode_base_s == 0.5
+
+
+def test_tier_figures_seed_the_router_when_present(tmp_path: Path) -> None:
+    from cli.cmd_router import _tier_config
+    from common.profile import tier_fields
+    from services.router.tier_credit import TierConfig
+
+    assert tier_fields({"kind": "splitserve.profile"}) == {}
+    doc = {"kind": "splitserve.profile", "tiers": {"host_bytes_per_s": 4e9, "disk_latency_s": 0.005,
+                                                   "disk_bytes_per_s": None, "other": 1}}
+    assert tier_fields(doc) == {"host_bytes_per_s": 4e9, "disk_latency_s": 0.005}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert _tier_config(path, None, None) == TierConfig(host_bytes_per_s=4e9, disk_latency_s=0.005)
+    assert _tier_config(path, 1e9, 2e8) == TierConfig(host_bytes_per_s=1e9, disk_bytes_per_s=2e8,
+                                                      disk_latency_s=0.005)  # flags over the profile
+    assert _tier_config(None, None, None) == TierConfig()
+    with pytest.raises(ValueError):
+        tier_fields({"tiers": [1]})

@@ -1,15 +1,18 @@
 """kvtier on a real graph: 2 aggregated mock workers (round-robin) with tiny KV pools and a shared kvtier.
 
 A prefix evicted from one worker's engine comes back from kvtier as cached tokens, on that worker and on the
-other one; killing kvtier (kill -9) loses no request, it only costs recomputes.
+other one, and the router learns the host tier's speed from those loads; killing kvtier (kill -9) loses no
+request, it only costs recomputes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,10 @@ import zmq
 import zmq.asyncio
 
 from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from cli.ports import free_port
 from common.protocol import GetStats, TierStats
 from common.transport import Client, new_id
+from services.router.tier_credit import TierConfig
 from tests.e2e.test_openai_api import MODEL, client
 
 BLOCK = 32
@@ -30,7 +35,7 @@ FILLERS = [[1000 + 500 * k + i for i in range(8 * BLOCK + 5)] for k in range(6)]
 def kvtier_graph(tmp_path_factory) -> Graph:
     graph = start_graph(tmp_path_factory.mktemp("kvtier"), "--engine", "mock", "--aggregated", "2",
                         "--mock-speedup", "10", "--num-blocks", "24", "--router-policy", "round-robin",
-                        "--host-cache-gb", "0.25")
+                        "--host-cache-gb", "0.25", "--router-metrics-port", str(free_port()))
     assert wait_until(lambda: _tier_up(graph), timeout_s=20), graph.logs()[-3000:]
     yield graph
     graph.stop()
@@ -90,6 +95,26 @@ def test_evicted_prefix_is_onboarded_on_both_workers(kvtier_graph: Graph) -> Non
     stats = tier_stats(kvtier_graph)
     assert stats.hits_host >= 8 and stats.bytes_out >= 8 * 36864 * BLOCK
     assert stats.checksum_failures == 0
+
+
+def router_metric(graph: Graph, name: str, labels: str) -> float:
+    port = graph.cmd[graph.cmd.index("--router-metrics-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = resp.read().decode()
+    match = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.M)
+    assert match is not None, name
+    return float(match.group(1))
+
+
+def test_router_learns_host_tier_speed(kvtier_graph: Graph) -> None:
+    """The two onboards above reach the router with the workers' heartbeats (after the first test); it fits
+    the host tier's bytes/s to them: no longer the configured seed. Disk saw no load: still its seed."""
+    bandwidth = "splitserve_router_tier_bytes_per_second"
+    assert wait_until(lambda: router_metric(kvtier_graph, "splitserve_router_tier_load_samples_total",
+                                            'tier="host"') >= 2, timeout_s=5)
+    learned = router_metric(kvtier_graph, bandwidth, 'tier="host"')
+    assert learned > 0 and learned != TierConfig().host_bytes_per_s
+    assert router_metric(kvtier_graph, bandwidth, 'tier="disk"') == TierConfig().disk_bytes_per_s
 
 
 def test_killed_kvtier_loses_no_request(kvtier_graph: Graph) -> None:

@@ -29,7 +29,8 @@ from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.sampling import check_supported, next_token
 from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
-from services.worker.engines.mock.tier import TierLink
+from services.worker.engines.mock.tier import Onboard, TierLink
+from services.worker.tier_load_log import TierLoadLog
 from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
@@ -65,6 +66,8 @@ class MockEngine:
         self._closed = False
         self._num_prefix_hits = 0
         self._transfers = TransferLog()
+        self._tier_loads = TierLoadLog()
+        self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
         # Registered with the router, which prices a prompt's KV move with it.
@@ -92,9 +95,10 @@ class MockEngine:
         spec = seq_spec(request, self.max_model_len, self._blocks, self.config.kv_transfer)
         request_id = request.request_id
         if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
-            num_onboard = await self._tier.onboard_tokens(request.token_ids)
-            if num_onboard:
-                spec = dataclasses.replace(spec, num_onboard_tokens=num_onboard)
+            onboard = await self._tier.onboard_tokens(request.token_ids)
+            if onboard.num_tokens:
+                spec = dataclasses.replace(spec, num_onboard_tokens=onboard.num_tokens)
+                self._onboards[request_id] = onboard
         if request_id in self._live:
             raise EngineError(f"request {request_id!r} is already running")
         live = _Live(request=request, queue=asyncio.Queue())
@@ -113,6 +117,7 @@ class MockEngine:
             # The consumer stopped early (cancelled, closed): free the request at once.
             if self._live.get(request_id) is live:
                 self._drop(request_id)
+            self._onboards.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
         live = self._drop(request_id)
@@ -142,6 +147,7 @@ class MockEngine:
             transfer_seconds=self._transfers.drain_seconds(),
             transfer_seconds_total=self._transfers.seconds_total,
             recent_transfers=self._transfers.recent(),
+            recent_tier_loads=self._tier_loads.recent(),
         )
 
     async def shutdown(self) -> None:
@@ -312,6 +318,10 @@ class MockEngine:
             if onboard:  # from a KV tier, counted apart from prefill-worker transfers
                 self.num_onboards += 1
                 self.num_onboarded_tokens += num_bytes // self.config.kv_bytes_per_token
+                # Timed as the worker would see it: the real kvtier lookup, then the simulated move.
+                lookup = self._onboards.pop(seq_id, None)
+                if lookup is not None:
+                    self._tier_loads.record(lookup.tier, num_bytes, lookup.lookup_s + transfer_s)
             else:
                 self._transfers.record(transfer_s, num_bytes, src_worker_id=src_worker_id)
             self._wakeup.set()

@@ -4,7 +4,9 @@ the local prefix comes back from it (the engine then simulates the transfer time
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -14,11 +16,22 @@ from common.hashing import block_hashes
 from services.worker.engine import BlocksRemoved, BlocksStored, KvEvent
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.payload import fake_kv_checksum, fake_kv_payload
+from services.worker.tier_load_log import slowest_tier
 
 if TYPE_CHECKING:
     from common.kvtier.client import TierBackend
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Onboard:
+    """What the tier holds of a prompt: its prefix of ``num_tokens`` tokens (local or tier; 0: the tier adds
+    nothing), the slowest tier the fetched blocks came from, and the lookup's wall seconds."""
+
+    num_tokens: int = 0
+    tier: str = "host"
+    lookup_s: float = 0.0
 
 
 class TierLink:
@@ -41,8 +54,8 @@ class TierLink:
     def _payload(self, block_hash: int) -> bytes:
         return fake_kv_payload(block_hash, self._block_bytes)
 
-    async def onboard_tokens(self, token_ids: Sequence[int]) -> int:
-        """Tokens of the prompt's prefix whose KV is local or in the tier (0: the tier adds nothing).
+    async def onboard_tokens(self, token_ids: Sequence[int]) -> Onboard:
+        """The prompt's prefix whose KV is local or in the tier.
 
         Only blocks before the last token count (that one is always computed). Each fetched block must be
         exactly the KV of its prefix (here: the stand-in payload of its hash); the first one that is not
@@ -52,8 +65,10 @@ class TierLink:
         hashes = block_hashes(token_ids[:-1], block_size, self._blocks.hash_seed)
         num_local = self._blocks.match_prefix(token_ids[:-1]).num_cached_tokens // block_size
         if num_local >= len(hashes):
-            return 0
+            return Onboard()
+        began = time.perf_counter()
         fetched = await self.tier.lookup(hashes[num_local:])
+        lookup_s = time.perf_counter() - began
         num_good = 0
         for block in fetched:
             if (len(block.data) != self._block_bytes
@@ -63,8 +78,9 @@ class TierLink:
                 break
             num_good += 1
         if not num_good:
-            return 0
-        return (num_local + num_good) * block_size
+            return Onboard()
+        return Onboard((num_local + num_good) * block_size, slowest_tier([b.tier for b in fetched[:num_good]]),
+                       lookup_s)
 
     async def close(self) -> None:
         await self.tier.close()

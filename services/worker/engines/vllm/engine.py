@@ -305,6 +305,7 @@ class VllmEngine:
             transfer_seconds_total=self._stats.transfers.seconds_total,
             num_transfer_descriptors=self._stats.transfers.num_descriptors,
             recent_transfers=self._stats.transfers.recent(),
+            recent_tier_loads=self._stats.tier_loads.recent(),
             num_prompt_tokens_computed=self._stats.prompt_sources.num_computed,
             num_prompt_tokens_cached=self._stats.prompt_sources.num_local_cache_hit,
             num_prompt_tokens_pulled=self._stats.prompt_sources.num_external_kv_transfer,

@@ -15,6 +15,8 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
+from services.worker.engines.vllm.tier.stats import LOADS_KEY
+from services.worker.tier_load_log import TierLoadLog
 from services.worker.transfer_log import TransferLog
 
 
@@ -40,6 +42,8 @@ class EngineStatsSink:
         # NIXL connector stats (decode side records the READs it initiated).
         self.transfers = TransferLog()
         self.num_transfer_failures = 0
+        # kvtier connector loads (services/worker/engines/vllm/tier/stats.py), for the router's tier speeds.
+        self.tier_loads = TierLoadLog()
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
@@ -69,6 +73,8 @@ class EngineStatsSink:
         for i, seconds in enumerate(durations):
             self.transfers.record(float(seconds), int(_at(data, "bytes_transferred", i)),
                                   int(_at(data, "num_descriptors", i)), float(_at(data, "post_duration", i)))
+        for tier, num_bytes, seconds in data.get(LOADS_KEY, []):
+            self.tier_loads.record("disk" if tier == "disk" else "host", int(num_bytes), float(seconds))
         self.num_transfer_failures += sum(
             len(data.get(key, [])) for key in ("num_failed_transfers", "num_failed_handshakes")
         )

@@ -53,6 +53,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from common.hashing import block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
+from services.worker.engines.vllm.tier.stats import TierLoadStats
 from services.worker.engines.vllm.tier.plan import (
     BlockPlan,
     RequestState,
@@ -116,6 +117,7 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self._failed_reqs: set[str] = set()  # loads that failed this step: their computed blocks are suspect
         self.num_loaded_blocks = 0
         self.num_load_errors = 0
+        self._load_stats = TierLoadStats()  # loads not yet handed to vLLM's stats
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -258,6 +260,10 @@ class SplitserveTierConnector(KVConnectorBase_V1):
                         num_loaded=num_ok)
         block_bytes = self._layout.block_bytes if self._layout else 0
         seconds = time.perf_counter() - began
+        # A load that got nothing timed a miss, not the tier's speed; one from another host's kvtier timed the
+        # network too (the router prices those by its links).
+        if num_ok and not plan.source:
+            self._load_stats.record(loader.last_tier, num_ok * block_bytes, seconds)
         log.info("kvtier_loaded", worker_id=self.worker_id, req_id=plan.req_id, via=via, num_blocks=num_ok,
                  source=plan.source or "own",
                  num_bytes=num_ok * block_bytes, ms=round(seconds * 1e3, 3),
@@ -288,6 +294,13 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             # The engine step waits for this copy (the blocks may be reused right after); the send does not.
             log.info("kvtier_write_through", worker_id=self.worker_id, req_id=plan.req_id,
                      num_blocks=len(plan.block_ids), ms=round((time.perf_counter() - began) * 1e3, 3))
+
+    def get_kv_connector_stats(self) -> TierLoadStats | None:
+        return self._load_stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TierLoadStats:
+        return TierLoadStats(data=dict(data or {}))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

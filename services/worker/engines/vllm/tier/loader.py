@@ -20,6 +20,7 @@ from services.worker.engines.vllm.tier.layout import KvLayout
 from services.worker.engines.vllm.tier.nixl import NixlOnboarder
 from services.worker.engines.vllm.tier.plan import BlockPlan
 from common.kvtier.sync_client import SyncTierClient
+from services.worker.tier_load_log import slowest_tier
 
 log = structlog.get_logger(__name__)
 
@@ -34,10 +35,13 @@ class TierLoader:
         self._checked_s = -1e9  # last time kvtier was asked for its NIXL pool
         # ms per phase of the last NIXL load, and how many blocks it READ (for the load's log line).
         self.phases: dict[str, float] = {}
+        # The slowest tier the last load's blocks came from (its TierLoadSample's tier).
+        self.last_tier = "host"
 
     def load_inline(self, plan: BlockPlan) -> int:
         layout = self.layout
         got = self.client.fetch(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
+        self.last_tier = self.client.last_fetch_tier
         if got:
             data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
             layout.unpack(plan.block_ids[:len(got)], data)
@@ -50,17 +54,20 @@ class TierLoader:
         deadline = time.monotonic() + self._fetch_timeout_s(plan)
         phases = {"lookup_ms": 0.0, "read_ms": 0.0, "verify_ms": 0.0, "num_read": 0}
         done = 0
+        tiers: list[str] = []
         while done < len(plan.block_ids) and time.monotonic() < deadline:
             t0 = time.perf_counter()
             blocks, agent, truncated = self.client.lookup_slots(plan.block_hashes[done:], layout.block_bytes,
                                                                 deadline - time.monotonic())
             phases["lookup_ms"] += (time.perf_counter() - t0) * 1e3
             num_ok = self._place(plan.block_ids[done:done + len(blocks)], blocks, agent, phases)
+            tiers += [b.tier for b in blocks[:num_ok]]
             done += num_ok
             if num_ok < len(blocks) or not truncated:
                 break
         # ms per phase, and how many blocks were READ (the rest came inline), for the load's log line.
         self.phases = {k: round(v, 3) for k, v in phases.items()}
+        self.last_tier = slowest_tier(tiers)
         return done
 
     def _place(self, block_ids: Sequence[int], blocks: list[TierBlock], agent: str, phases: dict[str, float]) -> int:

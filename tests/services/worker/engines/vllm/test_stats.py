@@ -61,3 +61,30 @@ def test_multiconnector_children_count_once() -> None:
     sink.record_scheduler(_scheduler_stats(multi))
     log = sink.transfers
     assert (log.num_transfers, log.num_bytes, log.num_descriptors) == (1, 1000, 12)
+
+
+def test_kvtier_loads_reach_the_sink_alone_and_beside_nixl() -> None:
+    """The kvtier connector's loads ride vLLM's connector stats: aggregated across workers, taken once, and
+    read by the sink from its own dict or nested under MultiConnector (beside NIXL's READs)."""
+    import pickle
+
+    from services.worker.engines.vllm.tier.stats import TierLoadStats
+
+    worker0, worker1 = TierLoadStats(), TierLoadStats()
+    worker0.record("host", 1 << 20, 0.002)
+    worker1.record("disk", 2 << 20, 0.004)
+    taken = worker0.take()
+    assert taken is not None and worker0.take() is None  # each load sent once
+    merged = pickle.loads(pickle.dumps(taken)).aggregate(worker1)  # the engine core pickles worker outputs
+    assert merged.reduce() == {"num_loads": 2, "num_bytes": 3 << 20, "bytes_per_s": (3 << 20) / 0.006}
+    sink = EngineStatsSink()
+    sink.record_scheduler(_scheduler_stats(merged))
+    nixl = NixlKVConnectorStats()
+    nixl.record_transfer(_telemetry(4000, 4000, 1000, 12))
+    again = TierLoadStats()
+    again.record("host", 4 << 20, 0.001)
+    sink.record_scheduler(_scheduler_stats(MultiKVConnectorStats(data={"NixlConnector": nixl,
+                                                                       "SplitserveTierConnector": again})))
+    assert [(s.seq, s.tier, s.num_bytes, s.seconds) for s in sink.tier_loads.recent()] == [
+        (1, "host", 1 << 20, 0.002), (2, "disk", 2 << 20, 0.004), (3, "host", 4 << 20, 0.001)]
+    assert sink.transfers.num_transfers == 1  # the kvtier loads are not NIXL pulls
