@@ -239,6 +239,22 @@ def test_compose_kvtier_slots_fit_the_workers_kv_blocks(compose: dict, tmp_path:
     assert f"SPLITSERVE_KVTIER_BLOCK_BYTES={mock_block_bytes}" in COMPOSE.read_text()
 
 
+def test_kubernetes_kvtier_slots_match_compose_and_the_mock_overlay(compose: dict) -> None:
+    """deploy/kubernetes/ runs the same image and engines: its kvtier gets compose's slot (the tiny model on vLLM),
+    and the mock overlay the mock engine's block."""
+    from cli.graph_spec import GraphSpec, kvtier_block_bytes
+
+    kube = ROOT / "deploy" / "kubernetes"
+    config = yaml.safe_load((kube / "config.yaml").read_text())["data"]
+    assert config["SPLITSERVE_KVTIER_BLOCK_BYTES"] == _opts(compose, "kvtier-decode")["--block-bytes"]
+    mock = yaml.safe_load((kube / "overlays" / "mock" / "engine.yaml").read_text())["data"]
+    assert mock["SPLITSERVE_ENGINE"] == "mock"
+    assert int(mock["SPLITSERVE_KVTIER_BLOCK_BYTES"]) == kvtier_block_bytes(GraphSpec(engine="mock", block_size=32))
+    tier = next(d for d in yaml.safe_load_all((kube / "kvtier.yaml").read_text()) if d and d["kind"] == "DaemonSet")
+    args = tier["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--block-bytes=$(SPLITSERVE_KVTIER_BLOCK_BYTES)" in args
+
+
 def test_compose_metrics_bind_all_interfaces_on_distinct_ports_per_node(compose: dict) -> None:
     by_netns: dict[str, set[str]] = {}
     for name, service in compose["services"].items():
