@@ -221,12 +221,16 @@ def test_compose_one_kvtier_per_node(compose: dict) -> None:
         assert len(set(_joined(services[tier]).values()) & set(WORKERS)) == 1, f"{tier} belongs to no worker's node"
 
 
-def test_compose_kvtier_slots_fit_the_workers_kv_blocks(compose: dict, tmp_path: Path) -> None:
+def test_compose_kvtier_slots_fit_the_workers_kv_blocks(compose: dict, tmp_path: Path, monkeypatch) -> None:
     """Each kvtier's --block-bytes is the KV block its worker's engine writes, as `splitserve up` sizes it: the
-    image's tiny model on vLLM (compose's default engine) at the worker's block size. A smaller slot refuses every
-    block; a bigger one never matches a load (kvtier_block_bytes_mismatch)."""
+    image's tiny model on vLLM (compose's default engine) at the worker's block size, on a CPU with native bf16
+    (compose's default; its header gives the value for other CPUs). A smaller slot refuses every block; a bigger
+    one never matches a load (kvtier_block_bytes_mismatch)."""
     from cli.graph_spec import GraphSpec, kvtier_block_bytes
     from common.tiny_model import make_tiny_model
+    from services.worker.engines.vllm import dtype as vllm_dtype
+
+    monkeypatch.setattr(vllm_dtype, "cpu_has_fast_bf16", lambda *args: True)
 
     model = make_tiny_model(tmp_path / "tiny")  # what the Dockerfile's `model make-tiny` writes to /models/tiny
     services = compose["services"]

@@ -8,6 +8,7 @@ import pytest
 
 from cli.graph_spec import GraphSpec, kvtier_block_bytes
 from common.tiny_model import make_tiny_model, validate_model_dir
+from services.worker.engines.vllm.dtype import cpu_has_fast_bf16
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +20,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("dtype", "dtype_bytes"),
     [
         # vLLM 0.32's `auto` runs a float32 model in 16 bits (bf16 on CPU, fp16/bf16 on GPU): the worker logged
-        # 65,536-byte blocks for the tiny model while `up` sized kvtier's slots for float32 (131,072).
-        ("auto", 2),
+        # 65,536-byte blocks for the tiny model while `up` sized kvtier's slots for float32 (131,072). On a CPU
+        # that emulates bf16 the engine is given float32 instead (services/worker/engines/vllm/dtype.py).
+        ("auto", 2 if cpu_has_fast_bf16() else 4),
         ("bfloat16", 2),
         ("float32", 4),
     ],

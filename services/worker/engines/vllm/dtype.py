@@ -1,6 +1,7 @@
 """Which dtype a vLLM engine computes in: ``--dtype auto`` must not mean bf16 on a CPU that emulates it.
 
-vLLM 0.32's ``auto`` takes the model's ``torch_dtype``, and its CPU backend runs bf16 on any x86 CPU. Without
+vLLM 0.32's ``auto`` takes the model's ``torch_dtype`` (a float32 model: bf16), and its CPU backend runs bf16 on
+any x86 CPU. Without
 AVX512-BF16 or AMX the matmuls are emulated: measured here (AMD EPYC, AVX2 only), a (2000 x 768) @ (768 x 3072)
 matmul on one core took 12.8 s in bf16 and 0.40 s in fp32, and a 1P + 1D graph of the 100M model served a
 2,000-token prompt in about a minute. So ``auto`` on such a CPU means float32; an explicit dtype is kept.
@@ -34,6 +35,11 @@ def choose_dtype(requested: str, model_dtype: str, on_cuda: bool, cpu_has_fast_b
         return DtypeChoice("auto", "vLLM's choice for the GPU")
     if model_dtype in HALF_DTYPES and not cpu_has_fast_bf16:
         return DtypeChoice("float32", f"the model is {model_dtype}, which this CPU emulates (no AVX512-BF16/AMX)")
+    if model_dtype in ("float32", "float") and not cpu_has_fast_bf16:
+        # vLLM's `auto` downcasts a float32 model to its platform's first dtype, bf16 on x86 CPUs (0.32,
+        # _resolve_auto_dtype): emulated here.
+        return DtypeChoice("float32", "the model is float32; vLLM's auto would run it in bf16, which this CPU "
+                                      "emulates (no AVX512-BF16/AMX)")
     return DtypeChoice("auto", f"the model's {model_dtype}")
 
 

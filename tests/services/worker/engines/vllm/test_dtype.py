@@ -20,7 +20,8 @@ from services.worker.engines.vllm.dtype import (
         ("auto", "bfloat16", False, False, "float32", False),  # AVX2-only CPU: fp32 instead
         ("auto", "float16", False, False, "float32", False),
         ("auto", "bfloat16", False, True, "auto", False),  # AVX512-BF16/AMX: the model's bf16
-        ("auto", "float32", False, False, "auto", False),
+        ("auto", "float32", False, False, "float32", False),  # vLLM's auto would downcast it to emulated bf16
+        ("auto", "float32", False, True, "auto", False),  # ... which is native here
         ("auto", "bfloat16", True, False, "auto", False),  # GPUs: vLLM's choice
         ("bfloat16", "float32", False, False, "bfloat16", True),  # asked for: kept, flagged slow
         ("bfloat16", "float32", True, False, "bfloat16", False),
