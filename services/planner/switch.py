@@ -38,6 +38,7 @@ from services.planner.policy import (
     PoolDecision,
     ScaleDecision,
 )
+from services.planner.predict import LivePressure
 
 # NoMove reasons after which the shortage waits for a move rather than a new worker (the move is coming).
 WAIT_REASONS = frozenset({"hysteresis", "dwell", "gap", "reversal"})
@@ -130,9 +131,12 @@ def _other(pool: Role) -> Role:
 
 
 def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConfig, switch: SwitchConfig,
-                  model: ModelTarget | None = None) -> Pressure:
-    """Short: ``decide`` grows the pool (its reasons, the model's target among them). Spare: not short, and one
-    worker fewer keeps its live queue near empty and KV use low, and its latency p90 is under ``high_water``.
+                  model: ModelTarget | None = None, live: LivePressure | None = None) -> Pressure:
+    """Short: ``decide`` grows the pool (its reasons, the model's target among them), or ``live`` (latency
+    predicted from the pools' live state, ``services.planner.predict``) passes high water ("itl_pred",
+    "ttft_pred"): that one moves within an interval of the load, the windows' p90 most of a window later.
+    Spare: not short, and one worker fewer keeps its live queue near empty and KV use low, its latency p90 is
+    under ``high_water``, and (with ``live``) its predicted latency under ``low_water``.
     ``model`` is accepted for symmetry with ``decide`` and not read (see the module's docstring)."""
     slo, hw = config.slo, config.high_water
     trusted = obs.num_finished >= config.min_requests
@@ -144,13 +148,18 @@ def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConf
 
     p_short = decision.prefill.reasons if decision.prefill.target > decision.prefill.current else ()
     d_short = decision.decode.reasons if decision.decode.target > decision.decode.current else ()
+    if live is not None:
+        p_short += ("ttft_pred",) if live.prefill_short else ()
+        d_short += ("itl_pred",) if live.decode_short else ()
     n_p, n_d = obs.num_prefill, obs.num_decode
     p_spare = (not p_short and n_p > switch.min_prefill and not ttft_near
-               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue)
+               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue
+               and (live is None or live.prefill_spare))
     # A decode donor: TTFT is the prefill pool's unless requests wait on decode workers (local prefills).
     d_spare = (not d_short and n_d > switch.min_decode and not itl_near
                and after_one_less(obs.decode_waiting, n_d) < switch.spare_queue
-               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw)
+               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw
+               and (live is None or live.decode_spare))
     return Pressure(PoolPressure(tuple(p_short), p_spare), PoolPressure(tuple(d_short), d_spare))
 
 
