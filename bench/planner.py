@@ -47,7 +47,8 @@ from bench.lib.results import (
 from bench.lib.runner import RequestParams, run_point
 from bench.lib.server import Target
 from bench.lib.workloads import Session, poisson_prompts
-from bench.planner_report import WORKLOADS, planner_actions, reactions, worker_seconds
+from bench.planner_report import WORKLOADS, planner_actions, reactions, slo_misses, worker_seconds
+from services.planner.predict import LiveConfig
 
 
 def build_sessions(args: argparse.Namespace, seed: int) -> tuple[list[Session], list[float], list[str]]:
@@ -125,7 +126,8 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
         sent = [s for s in run.sent if phases[s.session] == name]
         agg = aggregate([s.timing() for s in sent], args.phase_s, slo)
         by_phase[name] = {"isl": isl, "osl": osl, "rate_rps": rate or args.rate, **{k: agg[k] for k in (
-            "num_requests", "num_ok", "num_errors", "slo_attainment", "ttft_ms", "tpot_ms", "output_tokens_per_s")}}
+            "num_requests", "num_ok", "num_errors", "slo_attainment", "ttft_ms", "tpot_ms", "output_tokens_per_s")},
+            "misses": slo_misses(sent, slo)}
     overall = aggregate([s.timing() for s in run.sent], run.duration_s, slo)
     actions = planner_actions(decisions, t0_wall)
     return {"variant": variant, "start": f"{num_prefill}P + {num_decode}D", "graph_start_s": round(start_s, 1),
@@ -195,6 +197,9 @@ def main() -> int:
              "planner_ttft_p90_ms": args.ttft_ms},
         start={"fixed": "1P + 1D", "planners": f"{args.start[0]}P + {args.start[1]}D"},
         max_prefill=args.max_prefill, max_decode=args.max_decode, role_switch_min_dwell_s=30.0,
+        # The switch arm's short/spare signals: latency predicted from live worker state (LiveConfig defaults).
+        role_switch_live={"horizon_s": LiveConfig().horizon_s, "short_above_slo_share": LiveConfig().high_water,
+                          "spare_below_slo_share_one_less": LiveConfig().low_water},
         worker_seconds="worker processes alive (starting, serving, draining) x seconds, over the load",
         planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
         block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)
