@@ -47,7 +47,13 @@ from bench.lib.results import (
 from bench.lib.runner import RequestParams, run_point
 from bench.lib.server import Target
 from bench.lib.workloads import Session, poisson_prompts
-from bench.planner_report import WORKLOADS, planner_actions, reactions, slo_misses, worker_seconds
+from bench.planner_report import (
+    WORKLOADS,
+    planner_actions,
+    reactions,
+    slo_misses,
+    worker_seconds,
+)
 from services.planner.predict import LiveConfig
 
 

@@ -39,8 +39,8 @@ from common.protocol import (
     encode,
 )
 from common.router_set import RouterSet
-from common.timing import TimingModel
 from common.security import secure_server
+from common.timing import TimingModel
 from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics

@@ -113,11 +113,11 @@ def test_pool_pressure_adds_live_signals() -> None:
 
 
 def _simulate(phases, duration_s: float, roles: dict[str, str], interval_s: float = 2.0,
-              config: SwitchConfig = SwitchConfig()) -> tuple[list[tuple[float, Move]], list[tuple[int, int]]]:
+              config: SwitchConfig | None = None) -> tuple[list[tuple[float, Move]], list[tuple[int, int]]]:
     """A fluid model of the pools, decided on every ``interval_s`` from live state only. ``phases(t)`` gives
     (rate req/s, ISL, OSL). Decode: arrivals join, each sequence lives OSL steps of the pool's step time.
     Prefill: arrivals' prompt tokens queue, each worker prefills 1,000 tokens/s. Workers settled at t=0."""
-    policy = PlannerConfig(slo=SLO)
+    policy, config = PlannerConfig(slo=SLO), config or SwitchConfig()
     state = SwitchState(tenures=tuple(Tenure(w, r, -100.0) for w, r in sorted(roles.items())))
     seqs, backlog, prev, moves, sizes = 0.0, 0.0, None, [], []
     for k in range(int(duration_s / interval_s)):
