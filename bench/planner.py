@@ -95,7 +95,7 @@ async def sample_pools(graph: Graph, t0: float, out: list[dict[str, Any]], stop:
 async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> dict[str, Any]:
     decisions = out_dir / f"planner-decisions-{variant}.jsonl"
     decisions.unlink(missing_ok=True)
-    num_prefill, num_decode = (1, 1) if variant == "fixed" else args.start
+    num_prefill, num_decode = args.fixed if variant == "fixed" else args.start
     up = ["--engine", "mock", "--model", str(args.model), "--prefill", str(num_prefill), "--decode", str(num_decode),
           "--no-kvtier", "--mock-profile", str(args.profile), "--mock-speedup", str(args.speedup),
           "--mock-start-s", str(args.mock_start_s), "--block-size", "32",
@@ -178,6 +178,7 @@ def main() -> int:
     ap.add_argument("--start", default=None,
                     help="planner arms' first pools: PREFILL,DECODE (default: shift 1,1; phase-change 3,1, what its "
                     "first phase needs)")
+    ap.add_argument("--fixed", default="1,1", help="the fixed arm's pools: PREFILL,DECODE")
     ap.add_argument("--mock-start-s", type=float, default=None,
                     help="mock engines' start time (default: the profile's engine_start_s / speedup)")
     ap.add_argument("--seed", type=int, default=0)
@@ -186,6 +187,7 @@ def main() -> int:
     args.phases = WORKLOADS[args.workload]
     phase_change = args.workload == "phase-change"
     args.start = tuple(int(n) for n in (args.start or ("3,1" if phase_change else "1,1")).split(","))
+    args.fixed = tuple(int(n) for n in args.fixed.split(","))
     args.itl_ms = args.itl_ms or (35.0 if phase_change else 25.0)
     profile_doc = json.loads(args.profile.read_text())
     if args.mock_start_s is None:
@@ -201,7 +203,7 @@ def main() -> int:
         phases=[{"name": n, "isl": i, "osl": o, "rate_rps": r or args.rate} for n, i, o, r in args.phases],
         slo={"ttft_ms": args.ttft_ms, "tpot_ms": args.itl_ms, "planner_itl_p90_ms": args.itl_ms,
              "planner_ttft_p90_ms": args.ttft_ms},
-        start={"fixed": "1P + 1D", "planners": f"{args.start[0]}P + {args.start[1]}D"},
+        start={"fixed": f"{args.fixed[0]}P + {args.fixed[1]}D", "planners": f"{args.start[0]}P + {args.start[1]}D"},
         max_prefill=args.max_prefill, max_decode=args.max_decode, role_switch_min_dwell_s=30.0,
         # The switch arm's short/spare signals: latency predicted from live worker state (LiveConfig defaults).
         role_switch_live={"horizon_s": LiveConfig().horizon_s, "short_above_slo_share": LiveConfig().high_water,
