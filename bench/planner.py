@@ -8,7 +8,7 @@ One open-loop (Poisson) request stream in phases (``--workload``):
 Variants (arms), each on a fresh graph of mock workers whose timing is fitted from a real vLLM profile
 (``--profile``, divided by ``--speedup``) and whose engines take the profile's start time (divided likewise)
 to start, so a started worker costs what it costs there:
-  * ``fixed``: 1P + 1D throughout;
+  * ``fixed``: 1P + 1D throughout (``--fixed P,D`` for others);
   * ``restart`` (alias ``planner``): ``up --planner`` from ``--start`` pools, scaling by starting and draining
     workers (the profile also drives the model-based targets);
   * ``switch``: the same with ``--role-switch``: it moves a worker between pools in place first and starts or
