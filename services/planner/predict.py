@@ -16,10 +16,10 @@ keeps a pool near one size from flipping. Pure; table tests in tests/services/pl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.timing import TimingModel
-from services.planner.policy import Observation
+from services.planner.policy import Observation, PoolDecision, ScaleDecision
 from services.planner.workload import Slo
 
 # Prompt length assumed before the frontend has counted any (a mid-sized prompt).
@@ -28,9 +28,14 @@ DEFAULT_ISL = 1024
 
 @dataclass(frozen=True, slots=True)
 class LiveConfig:
-    horizon_s: float = 10.0  # decode load projected this far ahead (about the time a move takes to pay off)
+    # Decode load projected this far ahead: a phase change shows as +1-2 sequences/s in its first interval, and
+    # the pool must be short then to move within two intervals (10 s saw it in the third).
+    horizon_s: float = 20.0
     high_water: float = 0.9  # share of the SLO: short above
     low_water: float = 0.5  # ... spare below, with one worker fewer
+    # Decisions in a row a donor must be spare (SwitchConfig.spare_intervals when these signals are read): the
+    # low-water test with one worker fewer is the level hysteresis already.
+    spare_intervals: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,7 @@ class LivePressure:
     ttft_ms: float | None
     ttft_one_less_ms: float | None
     projected_seqs: float  # decode sequences expected at the horizon
+    slo: Slo = Slo(ttft_ms=0.0, itl_ms=0.0)  # what the verdicts compared with
     decode_short: bool = False
     decode_spare: bool = False
     prefill_short: bool = False
@@ -83,6 +89,20 @@ def predicted_ttft_ms(backlog_tokens: float, isl: float, num_workers: int, token
     return (backlog_tokens / num_workers + isl) / tokens_per_s * 1e3
 
 
+def drop_lagging_model(decision: ScaleDecision, live: LivePressure, config: LiveConfig) -> ScaleDecision:
+    """The profile's target sizes the whole window, so after a phase change it keeps asking for the old phase's
+    pool for most of a window: a pool that would grow for the model alone, while its predicted latency is
+    under ``low_water``, does not (no worker is started for a phase that is over)."""
+
+    def check(pool: PoolDecision, predicted_ms: float | None, slo_ms: float) -> PoolDecision:
+        lagging = (pool.target > pool.current and set(pool.reasons) <= {"model"} and predicted_ms is not None
+                   and predicted_ms < slo_ms * config.low_water)
+        return replace(pool, target=pool.current, reasons=()) if lagging else pool
+
+    return replace(decision, prefill=check(decision.prefill, live.ttft_ms, live.slo.ttft_ms),
+                   decode=check(decision.decode, live.itl_ms, live.slo.itl_ms))
+
+
 def live_pressure(obs: Observation, before: Observation | None, timing: TimingModel, slo: Slo,
                   config: LiveConfig) -> LivePressure:
     """Both pools' predicted latencies and verdicts from this interval's live state (``before``: the previous
@@ -103,7 +123,7 @@ def live_pressure(obs: Observation, before: Observation | None, timing: TimingMo
     ttft_less = predicted_ttft_ms(obs.prefill_backlog_tokens, isl, n_p - 1, rate) if n_p > 1 else (
         math.inf if n_p else None)
     return LivePressure(
-        itl_ms=itl, itl_one_less_ms=itl_less, ttft_ms=ttft, ttft_one_less_ms=ttft_less, projected_seqs=seqs,
+        itl_ms=itl, itl_one_less_ms=itl_less, ttft_ms=ttft, ttft_one_less_ms=ttft_less, projected_seqs=seqs, slo=slo,
         decode_short=itl is not None and itl > slo.itl_ms * hw,
         decode_spare=itl_less is not None and itl_less < slo.itl_ms * lw,
         prefill_short=ttft is not None and ttft > slo.ttft_ms * hw,

@@ -54,7 +54,7 @@ from services.planner.policy import (
     ScaleDecision,
     decide,
 )
-from services.planner.predict import LiveConfig, live_pressure
+from services.planner.predict import LiveConfig, drop_lagging_model, live_pressure
 from services.planner.switch import (
     Member,
     Move,
@@ -216,12 +216,14 @@ class PlannerService:
                         "model": asdict(model) if model is not None else None, "move": None}
         final = decision
         if cfg.role_switch:
-            live = None
+            live, switch = None, cfg.switch
             if cfg.timing is not None and cfg.live is not None:
                 live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
                 record["live"] = asdict(live)
-            pressure = pool_pressure(obs, decision, cfg.policy, cfg.switch, model, live)
-            switched = choose_move(pressure, members, self._switch, cfg.switch, now_s)
+                decision = drop_lagging_model(decision, live, cfg.live)
+                switch = replace(switch, spare_intervals=cfg.live.spare_intervals)
+            pressure = pool_pressure(obs, decision, cfg.policy, switch, model, live)
+            switched = choose_move(pressure, members, self._switch, switch, now_s)
             self._switch_before, self._switch = self._switch, switched.state
             final = switch_first(decision, switched.choice)
             self._unswitched, self._state_unswitched = decision, decision.state
