@@ -207,7 +207,8 @@ def main() -> int:
         max_prefill=args.max_prefill, max_decode=args.max_decode, role_switch_min_dwell_s=30.0,
         # The switch arm's short/spare signals: latency predicted from live worker state (LiveConfig defaults).
         role_switch_live={"horizon_s": LiveConfig().horizon_s, "short_above_slo_share": LiveConfig().high_water,
-                          "spare_below_slo_share_one_less": LiveConfig().low_water},
+                          "spare_below_slo_share_one_less": LiveConfig().low_water,
+                          "spare_intervals": LiveConfig().spare_intervals},
         worker_seconds="worker processes alive (starting, serving, draining) x seconds, over the load",
         planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
         block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)
