@@ -47,7 +47,6 @@ class LivePressure:
     ttft_ms: float | None
     ttft_one_less_ms: float | None
     projected_seqs: float  # decode sequences expected at the horizon
-    slo: Slo = Slo(ttft_ms=0.0, itl_ms=0.0)  # what the verdicts compared with
     decode_short: bool = False
     decode_spare: bool = False
     prefill_short: bool = False
@@ -89,7 +88,7 @@ def predicted_ttft_ms(backlog_tokens: float, isl: float, num_workers: int, token
     return (backlog_tokens / num_workers + isl) / tokens_per_s * 1e3
 
 
-def drop_lagging_model(decision: ScaleDecision, live: LivePressure, config: LiveConfig) -> ScaleDecision:
+def drop_lagging_model(decision: ScaleDecision, live: LivePressure, slo: Slo, config: LiveConfig) -> ScaleDecision:
     """The profile's target sizes the whole window, so after a phase change it keeps asking for the old phase's
     pool for most of a window: a pool that would grow for the model alone, while its predicted latency is
     under ``low_water``, does not (no worker is started for a phase that is over)."""
@@ -99,8 +98,8 @@ def drop_lagging_model(decision: ScaleDecision, live: LivePressure, config: Live
                    and predicted_ms < slo_ms * config.low_water)
         return replace(pool, target=pool.current, reasons=()) if lagging else pool
 
-    return replace(decision, prefill=check(decision.prefill, live.ttft_ms, live.slo.ttft_ms),
-                   decode=check(decision.decode, live.itl_ms, live.slo.itl_ms))
+    return replace(decision, prefill=check(decision.prefill, live.ttft_ms, slo.ttft_ms),
+                   decode=check(decision.decode, live.itl_ms, slo.itl_ms))
 
 
 def live_pressure(obs: Observation, before: Observation | None, timing: TimingModel, slo: Slo,
@@ -123,7 +122,7 @@ def live_pressure(obs: Observation, before: Observation | None, timing: TimingMo
     ttft_less = predicted_ttft_ms(obs.prefill_backlog_tokens, isl, n_p - 1, rate) if n_p > 1 else (
         math.inf if n_p else None)
     return LivePressure(
-        itl_ms=itl, itl_one_less_ms=itl_less, ttft_ms=ttft, ttft_one_less_ms=ttft_less, projected_seqs=seqs, slo=slo,
+        itl_ms=itl, itl_one_less_ms=itl_less, ttft_ms=ttft, ttft_one_less_ms=ttft_less, projected_seqs=seqs,
         decode_short=itl is not None and itl > slo.itl_ms * hw,
         decode_spare=itl_less is not None and itl_less < slo.itl_ms * lw,
         prefill_short=ttft is not None and ttft > slo.ttft_ms * hw,

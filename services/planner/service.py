@@ -220,7 +220,7 @@ class PlannerService:
             if cfg.timing is not None and cfg.live is not None:
                 live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
                 record["live"] = asdict(live)
-                decision = drop_lagging_model(decision, live, cfg.live)
+                decision = drop_lagging_model(decision, live, cfg.policy.slo, cfg.live)
                 switch = replace(switch, spare_intervals=cfg.live.spare_intervals)
             pressure = pool_pressure(obs, decision, cfg.policy, switch, model, live)
             switched = choose_move(pressure, members, self._switch, switch, now_s)
