@@ -33,9 +33,9 @@ class LiveConfig:
     horizon_s: float = 20.0
     high_water: float = 0.9  # share of the SLO: short above
     low_water: float = 0.5  # ... spare below, with one worker fewer
-    # Decisions in a row a donor must be spare (SwitchConfig.spare_intervals when these signals are read): the
-    # low-water test with one worker fewer is the level hysteresis already.
-    spare_intervals: int = 1
+    # Decisions in a row a donor must be spare (SwitchConfig.spare_intervals when these signals are read). 1
+    # moved a worker on a one-decision blip of an idle decode pool (bench/results/planner-roles.json, run 2): 2.
+    spare_intervals: int = 2
 
 
 @dataclass(frozen=True, slots=True)

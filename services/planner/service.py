@@ -216,7 +216,8 @@ class PlannerService:
                         "model": asdict(model) if model is not None else None, "move": None}
         final = decision
         if cfg.role_switch:
-            live, switch = None, cfg.switch
+            live = None
+            switch = replace(cfg.switch, max_prefill=cfg.policy.max_prefill, max_decode=cfg.policy.max_decode)
             if cfg.timing is not None and cfg.live is not None:
                 live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
                 record["live"] = asdict(live)

@@ -22,7 +22,8 @@ Against oscillation (a workload that flips faster than the pools settle must not
   * a minimum dwell: a worker moves only ``min_dwell_s`` after it joined its pool (started or moved), and no
     move goes against the previous one within ``min_dwell_s`` (it would undo it with another worker);
   * at most one move per decision, and none within ``min_gap_s`` of the last;
-  * never the last worker of a pool (``min_prefill`` / ``min_decode``).
+  * never the last worker of a pool (``min_prefill`` / ``min_decode``), nor one more than a pool may hold
+    (``max_prefill`` / ``max_decode``: the scale policy would drain it straight back).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class SwitchConfig:
     spare_intervals: int = 2  # ... and the donor has one to spare
     min_prefill: int = 1
     min_decode: int = 1
+    # A pool at its cap takes no worker (the scale policy would drain one straight back: PlannerConfig's max).
+    max_prefill: int = 1_000_000
+    max_decode: int = 1_000_000
     spare_queue: float = 0.5  # requests waiting per worker, counted as if the pool had one worker fewer
 
 
@@ -109,7 +113,7 @@ class Move:
 
 @dataclass(frozen=True, slots=True)
 class NoMove:
-    # no_shortage | both_short | no_spare | last_worker | not_switchable | refused (scale instead);
+    # no_shortage | both_short | full | no_spare | last_worker | not_switchable | refused (scale instead);
     # hysteresis | dwell | gap | reversal (a move is on its way: wait for it)
     reason: str
     pool: Role | None = None  # the short pool, where there is one
@@ -194,6 +198,9 @@ def choose_move(pressure: Pressure, members: Sequence[Member], state: SwitchStat
         return no("no_shortage")
     to: Role = "prefill" if p.short else "decode"
     src = _other(to)
+    num_to = sum(m.role == to and not m.draining for m in members)
+    if num_to >= (config.max_prefill if to == "prefill" else config.max_decode):
+        return no("full", to)
     live = [m for m in members if m.role == src and not m.draining]
     if len(live) <= (config.min_prefill if src == "prefill" else config.min_decode):
         return no("last_worker", to)
