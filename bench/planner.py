@@ -8,7 +8,7 @@ One open-loop (Poisson) request stream in phases (``--workload``):
 Variants (arms), each on a fresh graph of mock workers whose timing is fitted from a real vLLM profile
 (``--profile``, divided by ``--speedup``) and whose engines take the profile's start time (divided likewise)
 to start, so a started worker costs what it costs there:
-  * ``fixed``: 1P + 1D throughout;
+  * ``fixed``: 1P + 1D throughout (``--fixed P,D`` for others);
   * ``restart`` (alias ``planner``): ``up --planner`` from ``--start`` pools, scaling by starting and draining
     workers (the profile also drives the model-based targets);
   * ``switch``: the same with ``--role-switch``: it moves a worker between pools in place first and starts or
@@ -47,7 +47,14 @@ from bench.lib.results import (
 from bench.lib.runner import RequestParams, run_point
 from bench.lib.server import Target
 from bench.lib.workloads import Session, poisson_prompts
-from bench.planner_report import WORKLOADS, planner_actions, reactions, worker_seconds
+from bench.planner_report import (
+    WORKLOADS,
+    planner_actions,
+    reactions,
+    slo_misses,
+    worker_seconds,
+)
+from services.planner.predict import LiveConfig
 
 
 def build_sessions(args: argparse.Namespace, seed: int) -> tuple[list[Session], list[float], list[str]]:
@@ -88,7 +95,7 @@ async def sample_pools(graph: Graph, t0: float, out: list[dict[str, Any]], stop:
 async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> dict[str, Any]:
     decisions = out_dir / f"planner-decisions-{variant}.jsonl"
     decisions.unlink(missing_ok=True)
-    num_prefill, num_decode = (1, 1) if variant == "fixed" else args.start
+    num_prefill, num_decode = args.fixed if variant == "fixed" else args.start
     up = ["--engine", "mock", "--model", str(args.model), "--prefill", str(num_prefill), "--decode", str(num_decode),
           "--no-kvtier", "--mock-profile", str(args.profile), "--mock-speedup", str(args.speedup),
           "--mock-start-s", str(args.mock_start_s), "--block-size", "32",
@@ -125,7 +132,8 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
         sent = [s for s in run.sent if phases[s.session] == name]
         agg = aggregate([s.timing() for s in sent], args.phase_s, slo)
         by_phase[name] = {"isl": isl, "osl": osl, "rate_rps": rate or args.rate, **{k: agg[k] for k in (
-            "num_requests", "num_ok", "num_errors", "slo_attainment", "ttft_ms", "tpot_ms", "output_tokens_per_s")}}
+            "num_requests", "num_ok", "num_errors", "slo_attainment", "ttft_ms", "tpot_ms", "output_tokens_per_s")},
+            "misses": slo_misses(sent, slo)}
     overall = aggregate([s.timing() for s in run.sent], run.duration_s, slo)
     actions = planner_actions(decisions, t0_wall)
     return {"variant": variant, "start": f"{num_prefill}P + {num_decode}D", "graph_start_s": round(start_s, 1),
@@ -170,6 +178,7 @@ def main() -> int:
     ap.add_argument("--start", default=None,
                     help="planner arms' first pools: PREFILL,DECODE (default: shift 1,1; phase-change 3,1, what its "
                     "first phase needs)")
+    ap.add_argument("--fixed", default="1,1", help="the fixed arm's pools: PREFILL,DECODE")
     ap.add_argument("--mock-start-s", type=float, default=None,
                     help="mock engines' start time (default: the profile's engine_start_s / speedup)")
     ap.add_argument("--seed", type=int, default=0)
@@ -178,6 +187,7 @@ def main() -> int:
     args.phases = WORKLOADS[args.workload]
     phase_change = args.workload == "phase-change"
     args.start = tuple(int(n) for n in (args.start or ("3,1" if phase_change else "1,1")).split(","))
+    args.fixed = tuple(int(n) for n in args.fixed.split(","))
     args.itl_ms = args.itl_ms or (35.0 if phase_change else 25.0)
     profile_doc = json.loads(args.profile.read_text())
     if args.mock_start_s is None:
@@ -193,8 +203,12 @@ def main() -> int:
         phases=[{"name": n, "isl": i, "osl": o, "rate_rps": r or args.rate} for n, i, o, r in args.phases],
         slo={"ttft_ms": args.ttft_ms, "tpot_ms": args.itl_ms, "planner_itl_p90_ms": args.itl_ms,
              "planner_ttft_p90_ms": args.ttft_ms},
-        start={"fixed": "1P + 1D", "planners": f"{args.start[0]}P + {args.start[1]}D"},
+        start={"fixed": f"{args.fixed[0]}P + {args.fixed[1]}D", "planners": f"{args.start[0]}P + {args.start[1]}D"},
         max_prefill=args.max_prefill, max_decode=args.max_decode, role_switch_min_dwell_s=30.0,
+        # The switch arm's short/spare signals: latency predicted from live worker state (LiveConfig defaults).
+        role_switch_live={"horizon_s": LiveConfig().horizon_s, "short_above_slo_share": LiveConfig().high_water,
+                          "spare_below_slo_share_one_less": LiveConfig().low_water,
+                          "spare_intervals": LiveConfig().spare_intervals},
         worker_seconds="worker processes alive (starting, serving, draining) x seconds, over the load",
         planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
         block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)

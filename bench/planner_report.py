@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.lib.metrics import request_values_ms
+
 
 class Phase(NamedTuple):
     name: str
@@ -86,4 +88,30 @@ def reactions(actions: Sequence[dict[str, Any]], phases: Sequence[Phase], phase_
                     "toward": None if first is None else _toward(first),
                     "after_s": None if first is None else round(first["t_s"] - start_s, 1),
                     "after_intervals": None if first is None else round((first["t_s"] - start_s) / interval_s, 1)})
+    return out
+
+
+def slo_misses(sent: list[Any], slo: dict[str, float]) -> dict[str, Any]:
+    """Where a phase's SLO misses come from: how many requests missed TTFT, TPOT or both, and for the TPOT
+    misses their largest gap between two tokens (one stall, e.g. the hand-off to decode, vs steps uniformly
+    slow) and when they were sent (s into the run)."""
+    out: dict[str, Any] = {"ttft": 0, "tpot": 0, "both": 0, "failed": 0, "tpot_miss_max_gap_ms": [],
+                           "tpot_miss_sent_s": []}
+    for s in sent:
+        timing = s.timing()
+        if not timing.ok:
+            out["failed"] += 1
+            continue
+        values = request_values_ms(timing)
+        ttft_miss = (values.get("ttft_ms") or 0.0) > slo["ttft_ms"]
+        tpot_miss = (values.get("tpot_ms") or 0.0) > slo["tpot_ms"]
+        if ttft_miss and tpot_miss:
+            out["both"] += 1
+        elif ttft_miss:
+            out["ttft"] += 1
+        elif tpot_miss:
+            out["tpot"] += 1
+        if tpot_miss:
+            out["tpot_miss_max_gap_ms"].append(round(max(timing.itl_s(), default=0.0) * 1e3, 1))
+            out["tpot_miss_sent_s"].append(round(s.start_s, 1))
     return out

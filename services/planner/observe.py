@@ -133,19 +133,25 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
     draining = set(workers.draining)
     prefill = [load for info, load in zip(workers.workers, workers.loads)
                if info.role == "prefill" and info.worker_id not in draining]
-    decode = [load for info, load in zip(workers.workers, workers.loads)
-              if info.role in ("decode", "both") and info.worker_id not in draining]
+    decode_pairs = [(info, load) for info, load in zip(workers.workers, workers.loads)
+                    if info.role in ("decode", "both") and info.worker_id not in draining]
+    decode = [load for _, load in decode_pairs]
 
     def mean(xs: Sequence[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
 
     isl = bucket_delta(now.isl, before.isl)
     arrivals = isl[-1][1] if isl else 0.0
+    isl_mean = (now.isl_sum - before.isl_sum) / arrivals if arrivals > 0 else None
+    # A worker that does not count its queued tokens (-1): its waiting requests at the window's mean prompt.
+    backlog = sum(load.num_waiting_tokens if load.num_waiting_tokens >= 0
+                  else load.num_waiting * (isl_mean or 0.0) for load in prefill)
+    rates = [load.prefill_tokens_per_s for load in prefill if load.prefill_tokens_per_s > 0]
     return Observation(
         duration_s=duration_s, num_finished=int(finished),
         arrival_rate_rps=arrivals / duration_s if duration_s > 0 else 0.0,
         # ISL of what arrives (the mix the pools are about to see); OSL of what finished (known only then).
-        isl_mean=(now.isl_sum - before.isl_sum) / arrivals if arrivals > 0 else None,
+        isl_mean=isl_mean,
         isl_samples=bucket_samples(isl, MAX_ISL_SAMPLES),
         osl_mean=(now.output_tokens - before.output_tokens) / finished if finished > 0 else None,
         ttft_p90_ms=None if ttft_p90 is None else ttft_p90 * 1e3,
@@ -155,4 +161,8 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
         decode_waiting=mean([load.num_waiting for load in decode]),
         decode_kv_usage=mean([1 - load.num_free_blocks / load.num_total_blocks
                               for load in decode if load.num_total_blocks]),
+        decode_seqs=sum(load.num_running + load.num_waiting for load in decode),
+        decode_running=sum(load.num_running for load in decode),
+        decode_kv_tokens=sum(load.num_active_blocks * info.block_size for info, load in decode_pairs),
+        prefill_backlog_tokens=float(backlog), prefill_tokens_per_s=mean(rates),
     )

@@ -49,6 +49,13 @@ class Observation:
     # Prompt lengths of the window's arrivals (equally weighted, at histogram bucket bounds): the model plans
     # for the distribution, since a few long prompts among short ones set the prefill pool's p90.
     isl_samples: tuple[int, ...] = ()
+    # Live state of the pools (the router's worker list, read at ``end_s``): what ``services.planner.predict``
+    # turns into predicted latencies.
+    decode_seqs: int = 0  # sequences on decode workers, running or waiting
+    decode_running: int = 0
+    decode_kv_tokens: int = 0  # KV tokens the running ones attend (active blocks x block size)
+    prefill_backlog_tokens: float = 0.0  # prompt tokens queued on prefill workers, the rest of running ones too
+    prefill_tokens_per_s: float = 0.0  # mean prefill rate the workers measured (0: none did)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,8 @@ from common.protocol import (
     encode,
 )
 from common.router_set import RouterSet
-from common.timing import TimingModel
 from common.security import secure_server
+from common.timing import TimingModel
 from common.transport import TransportConfig, new_id, open_context
 from services.planner.defaults import INTERVAL_S, WINDOW_S
 from services.planner.observe import FrontendSnapshot, merge, observe, parse_metrics
@@ -54,6 +54,7 @@ from services.planner.policy import (
     ScaleDecision,
     decide,
 )
+from services.planner.predict import LiveConfig, drop_lagging_model, live_pressure
 from services.planner.switch import (
     Member,
     Move,
@@ -84,6 +85,8 @@ class PlannerServiceConfig:
     decisions_path: Path | None = None  # JSON lines: one observation + decision per interval
     role_switch: bool = False  # move switchable workers between pools before starting or stopping any
     switch: SwitchConfig = field(default_factory=SwitchConfig)
+    # role_switch with a profile: pools' latency predicted from their live state (services.planner.predict).
+    live: LiveConfig | None = field(default_factory=LiveConfig)
     set_role_timeout_s: float = 5.0  # the router answers once the worker serves its new role
     transport: TransportConfig = field(default_factory=TransportConfig)
 
@@ -143,6 +146,7 @@ class PlannerService:
         self._unswitched: ScaleDecision | None = None
         self._state_unswitched = self._state
         self._pending_unswitched = dict(self._pending)
+        self._last_obs: Observation | None = None  # the previous interval's (the decode pool's growth)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -212,8 +216,15 @@ class PlannerService:
                         "model": asdict(model) if model is not None else None, "move": None}
         final = decision
         if cfg.role_switch:
-            pressure = pool_pressure(obs, decision, cfg.policy, cfg.switch, model)
-            switched = choose_move(pressure, members, self._switch, cfg.switch, now_s)
+            live = None
+            switch = replace(cfg.switch, max_prefill=cfg.policy.max_prefill, max_decode=cfg.policy.max_decode)
+            if cfg.timing is not None and cfg.live is not None:
+                live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
+                record["live"] = asdict(live)
+                decision = drop_lagging_model(decision, live, cfg.policy.slo, cfg.live)
+                switch = replace(switch, spare_intervals=cfg.live.spare_intervals)
+            pressure = pool_pressure(obs, decision, cfg.policy, switch, model, live)
+            switched = choose_move(pressure, members, self._switch, switch, now_s)
             self._switch_before, self._switch = self._switch, switched.state
             final = switch_first(decision, switched.choice)
             self._unswitched, self._state_unswitched = decision, decision.state
@@ -229,6 +240,7 @@ class PlannerService:
             else:
                 record["no_move"] = switched.choice.reason
         self._pending_unswitched = dict(self._pending)
+        self._last_obs = obs
         record["requests"] = self._requests(final, obs, now_s)
         return record
 

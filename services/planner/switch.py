@@ -22,7 +22,8 @@ Against oscillation (a workload that flips faster than the pools settle must not
   * a minimum dwell: a worker moves only ``min_dwell_s`` after it joined its pool (started or moved), and no
     move goes against the previous one within ``min_dwell_s`` (it would undo it with another worker);
   * at most one move per decision, and none within ``min_gap_s`` of the last;
-  * never the last worker of a pool (``min_prefill`` / ``min_decode``).
+  * never the last worker of a pool (``min_prefill`` / ``min_decode``), nor one more than a pool may hold
+    (``max_prefill`` / ``max_decode``: the scale policy would drain it straight back).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from services.planner.policy import (
     PoolDecision,
     ScaleDecision,
 )
+from services.planner.predict import LivePressure
 
 # NoMove reasons after which the shortage waits for a move rather than a new worker (the move is coming).
 WAIT_REASONS = frozenset({"hysteresis", "dwell", "gap", "reversal"})
@@ -84,6 +86,9 @@ class SwitchConfig:
     spare_intervals: int = 2  # ... and the donor has one to spare
     min_prefill: int = 1
     min_decode: int = 1
+    # A pool at its cap takes no worker (the scale policy would drain one straight back: PlannerConfig's max).
+    max_prefill: int = 1_000_000
+    max_decode: int = 1_000_000
     spare_queue: float = 0.5  # requests waiting per worker, counted as if the pool had one worker fewer
 
 
@@ -108,7 +113,7 @@ class Move:
 
 @dataclass(frozen=True, slots=True)
 class NoMove:
-    # no_shortage | both_short | no_spare | last_worker | not_switchable | refused (scale instead);
+    # no_shortage | both_short | full | no_spare | last_worker | not_switchable | refused (scale instead);
     # hysteresis | dwell | gap | reversal (a move is on its way: wait for it)
     reason: str
     pool: Role | None = None  # the short pool, where there is one
@@ -130,9 +135,12 @@ def _other(pool: Role) -> Role:
 
 
 def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConfig, switch: SwitchConfig,
-                  model: ModelTarget | None = None) -> Pressure:
-    """Short: ``decide`` grows the pool (its reasons, the model's target among them). Spare: not short, and one
-    worker fewer keeps its live queue near empty and KV use low, and its latency p90 is under ``high_water``.
+                  model: ModelTarget | None = None, live: LivePressure | None = None) -> Pressure:
+    """Short: ``decide`` grows the pool (its reasons, the model's target among them), or ``live`` (latency
+    predicted from the pools' live state, ``services.planner.predict``) passes high water ("itl_pred",
+    "ttft_pred"): that one moves within an interval of the load, the windows' p90 most of a window later.
+    Spare: not short, and one worker fewer keeps its live queue near empty and KV use low, its latency p90 is
+    under ``high_water``, and (with ``live``) its predicted latency under ``low_water``.
     ``model`` is accepted for symmetry with ``decide`` and not read (see the module's docstring)."""
     slo, hw = config.slo, config.high_water
     trusted = obs.num_finished >= config.min_requests
@@ -144,13 +152,18 @@ def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConf
 
     p_short = decision.prefill.reasons if decision.prefill.target > decision.prefill.current else ()
     d_short = decision.decode.reasons if decision.decode.target > decision.decode.current else ()
+    if live is not None:
+        p_short += ("ttft_pred",) if live.prefill_short else ()
+        d_short += ("itl_pred",) if live.decode_short else ()
     n_p, n_d = obs.num_prefill, obs.num_decode
     p_spare = (not p_short and n_p > switch.min_prefill and not ttft_near
-               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue)
+               and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue
+               and (live is None or live.prefill_spare))
     # A decode donor: TTFT is the prefill pool's unless requests wait on decode workers (local prefills).
     d_spare = (not d_short and n_d > switch.min_decode and not itl_near
                and after_one_less(obs.decode_waiting, n_d) < switch.spare_queue
-               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw)
+               and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw
+               and (live is None or live.decode_spare))
     return Pressure(PoolPressure(tuple(p_short), p_spare), PoolPressure(tuple(d_short), d_spare))
 
 
@@ -185,6 +198,9 @@ def choose_move(pressure: Pressure, members: Sequence[Member], state: SwitchStat
         return no("no_shortage")
     to: Role = "prefill" if p.short else "decode"
     src = _other(to)
+    num_to = sum(m.role == to and not m.draining for m in members)
+    if num_to >= (config.max_prefill if to == "prefill" else config.max_decode):
+        return no("full", to)
     live = [m for m in members if m.role == src and not m.draining]
     if len(live) <= (config.min_prefill if src == "prefill" else config.min_decode):
         return no("last_worker", to)

@@ -51,3 +51,24 @@ def test_planner_actions_and_reactions(tmp_path) -> None:
     assert out[0] == {"phase": "decode_heavy", "at_s": 60.0, "first_action": "move", "toward": "decode",
                       "after_s": 5.0, "after_intervals": 2.5}
     assert out[1]["first_action"] is None and out[1]["after_s"] is None
+
+
+def test_slo_misses_splits_ttft_tpot_and_stalls() -> None:
+    from types import SimpleNamespace
+
+    from bench.lib.metrics import RequestTiming
+    from bench.planner_report import slo_misses
+
+    def sent(start_s: float, times_s: list[float], ok: bool = True):
+        timing = RequestTiming(ok=ok, e2e_s=times_s[-1] if times_s else 1.0, chunk_times_s=times_s,
+                               chunk_tokens=[1] * len(times_s))
+        return SimpleNamespace(start_s=start_s, timing=lambda: timing)
+
+    fine = sent(0.0, [1.0, 1.01, 1.02, 1.03])
+    late = sent(1.0, [5.0, 5.01, 5.02, 5.03])  # TTFT 5 s
+    stall = sent(2.0, [1.0, 2.0, 2.01, 2.02])  # one 1 s gap after the first token: TPOT ~340 ms
+    both = sent(3.0, [5.0, 6.0, 6.01, 6.02])
+    failed = sent(4.0, [], ok=False)
+    out = slo_misses([fine, late, stall, both, failed], {"ttft_ms": 4000, "tpot_ms": 35})
+    assert (out["ttft"], out["tpot"], out["both"], out["failed"]) == (1, 1, 1, 1)
+    assert out["tpot_miss_max_gap_ms"] == [1000.0, 1000.0] and out["tpot_miss_sent_s"] == [2.0, 3.0]

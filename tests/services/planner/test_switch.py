@@ -107,6 +107,14 @@ def test_no_move(pressure, members, reason) -> None:
     assert not second.choice.wait
 
 
+def test_no_move_into_a_full_pool() -> None:
+    """The decode pool at its cap (2) takes no worker: the scale policy would drain one straight back."""
+    _, second = _twice(SHORT_D, config=replace(CFG, max_decode=2))
+    assert isinstance(second.choice, NoMove) and second.choice.reason == "full" and not second.choice.wait
+    _, second = _twice(SHORT_D, config=replace(CFG, max_decode=3))
+    assert isinstance(second.choice, Move)
+
+
 def test_dwell_gap_and_reversal() -> None:
     # Workers that joined their pool 10 s ago (just started, or just moved) stay for min_dwell_s.
     fresh = SwitchState(tenures=tuple(Tenure(m.worker_id, m.role, -10.0) for m in MEMBERS))
