@@ -263,6 +263,10 @@ class Client:
         except ProtocolError as exc:
             log.warning("dropped_frame", endpoint=self.endpoint, reason=str(exc))
             return
+        if isinstance(msg, protocol.TokensBatch):  # several requests' tokens in one frame: each as if alone
+            for item in msg.items:
+                self._deliver(item)
+            return
         self._deliver(msg)
 
     def _deliver(self, msg: Message) -> None:

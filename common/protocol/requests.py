@@ -88,6 +88,14 @@ class Tokens(Msg, frozen=True):
     logprobs: tuple[TokenLogprobs, ...] = ()
 
 
+class TokensBatch(Msg, frozen=True):
+    """Several requests' ``Tokens`` for one frontend in one frame, in the order the worker produced them: a
+    worker's engine step yields a token for every running request, and one frame instead of one each saves a
+    ZeroMQ send and receive per token on both sides. The receiver handles each item as if it came alone."""
+
+    items: tuple[Tokens, ...]
+
+
 class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
     """The sampled token's logprob and the most likely alternatives, highest first, as (token id, logprob)."""
 

@@ -31,9 +31,10 @@ from common.protocol import (
     WorkerList,
     WorkerStats,
 )
-from common.transport import Client, TransportConfig, new_id, open_context
-from services.frontend.metrics import FrontendMetrics
 from common.router_set import RouterSet
+from common.transport import Client, TransportConfig, new_id, open_context
+from services.frontend.idle_watch import SILENT, IdleWatch
+from services.frontend.metrics import FrontendMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -257,19 +258,20 @@ class Pipeline:
         timeout_s = idle_timeout_s or self.config.stream_idle_timeout_s
         queue = client.open_stream(msg.request_id)
         finished = False
+        watch = IdleWatch(queue, timeout_s)
+        loop = asyncio.get_running_loop()
         try:
             client.send_nowait(msg)
             while True:
-                # Per token: take a queued reply directly; otherwise wait under a timeout scope, which
-                # unlike wait_for does not wrap queue.get() in a task of its own.
+                # Per token: take a queued reply directly; otherwise wait, one stream-long timer watching.
                 if queue.empty():
-                    try:
-                        async with asyncio.timeout(timeout_s):
-                            reply = await queue.get()
-                    except TimeoutError as exc:
-                        raise WorkerLost(f"{client.endpoint} silent for {timeout_s}s") from exc
+                    watch.waiting_since = loop.time()
+                    reply = await queue.get()
+                    watch.waiting_since = None
                 else:
                     reply = queue.get_nowait()
+                if reply is SILENT:
+                    raise WorkerLost(f"{client.endpoint} silent for {timeout_s}s")
                 match reply:
                     case Tokens():
                         if reply.finish_reason is not None:
@@ -283,6 +285,7 @@ class Pipeline:
                         finished = True  # the worker already dropped the request
                         raise RemoteError(reply.code, reply.message)
         finally:
+            watch.cancel()
             client.close_stream(msg.request_id)
             if not finished:
                 try:

@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
+from common.outbox import PeerOutbox
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -43,7 +44,13 @@ from common.protocol import (
     WorkerLoad,
     WorkerStats,
 )
-from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
+from common.router_link import (
+    EventsSocket,
+    RouterLink,
+    first_registration,
+    send_all,
+    split_endpoints,
+)
 from common.transport import Server, TransportConfig, new_id, open_context
 from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
@@ -119,6 +126,7 @@ class WorkerService:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
         self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
+        self._outbox = PeerOutbox(self._server, self._undelivered)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._events_socket = EventsSocket(ctx, self.config.transport)
         if self._events is not None:
@@ -164,6 +172,7 @@ class WorkerService:
             self._events_socket.close()
             for link in self._links:
                 await link.close()
+            self._outbox.flush()  # what is queued goes (a full peer's remainder is dropped with the socket)
             self._server.close()
             secure.close()
 
@@ -290,16 +299,7 @@ class WorkerService:
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
                     logprobs=out.logprobs)
-                try:
-                    delivered = self._server.deliver_nowait(identity, tokens)
-                except zmq.Again:  # the frontend reads slower than we generate: wait for room, lose nothing
-                    await self._server.send(identity, tokens)
-                    delivered = True
-                if not delivered:
-                    # The frontend that asked is gone (crashed or restarted): nobody will read these tokens.
-                    log.warning("requester_gone", request_id=msg.request_id)
-                    await self.engine.abort(msg.request_id)
-                    return
+                self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
         except EngineError as exc:
             log.warning("request_failed", request_id=msg.request_id, error=str(exc))
             self._reply(identity, ErrorReply(request_id=msg.request_id, code="engine_error", message=str(exc)))
@@ -319,12 +319,22 @@ class WorkerService:
             self._transfer_sources.finished(msg.request_id)
 
     def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
-        """A one-off reply; dropped (logged) if the requester is gone or its queue is full."""
-        assert self._server is not None
-        try:
-            self._server.deliver_nowait(identity, reply)
-        except zmq.Again:
-            log.warning("reply_dropped", request_id=reply.request_id, reason="requester's queue full")
+        """A one-off reply, through the outbox so it follows the tokens sent before it."""
+        self._outbox.put(identity, reply)
+
+    def _undelivered(self, identity: bytes, msgs: list[Message], gone: bool) -> None:
+        """The outbox could not send ``msgs`` to ``identity``: stop those requests (nobody reads them)."""
+        for rid in dict.fromkeys(getattr(m, "request_id", "") for m in msgs):
+            task = self._tasks.get(rid)
+            if task is None or self._owners.get(rid) != identity:
+                continue  # finished already (the engine has let it go) or not this peer's
+            if gone:
+                # The frontend that asked is gone (crashed or restarted): nobody will read these tokens.
+                log.warning("requester_gone", request_id=rid)
+            else:
+                self._outbox.put(identity, ErrorReply(request_id=rid, code="internal_error",
+                                                      message="a reply could not be sent"))
+            task.cancel()  # its CancelledError handler aborts the engine request
 
     def _refresh_counters(self, load: WorkerLoad | None = None) -> EngineCounters:
         """Fresh engine counters, fed to the metrics (``counters()`` hands each transfer's seconds out once)."""

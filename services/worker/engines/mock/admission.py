@@ -16,7 +16,7 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, k
     sampling = request.sampling
     if not token_ids:
         raise EngineError(f"request {request.request_id!r} has an empty prompt")
-    if any(not 0 <= token_id <= _MAX_TOKEN_ID for token_id in token_ids):
+    if min(token_ids) < 0 or max(token_ids) > _MAX_TOKEN_ID:  # in C: a Python loop cost ~0.1 ms per 2k tokens
         raise EngineError(f"request {request.request_id!r} has token ids outside u32")
     if request.prefill_only and request.kv_transfer is not None:
         raise EngineError(f"request {request.request_id!r} is both prefill_only and kv_transfer")
