@@ -34,7 +34,10 @@ def apply_launcher_setup(environ: MutableMapping[str, str] = os.environ) -> None
             os.sched_setaffinity(0, cores)
     if parent:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        # SIGINT: stop at once (SIGTERM would make a worker drain, with no launcher left to serve).
+        # SIGINT: stop at once (SIGTERM would make a worker drain, with no launcher left to serve). A launcher
+        # started in the background by a script (`splitserve up &`: no job control) hands its children SIGINT
+        # ignored, and Python keeps an ignored SIGINT ignored: restore Python's handler, or the signal is lost.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
         if os.getppid() != int(parent):
             # The launcher died before the line above: no signal will come, so stop now.

@@ -3,6 +3,8 @@ launcher): real processes, tiny ones (python -c)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -59,10 +61,14 @@ def test_a_launcher_gone_before_the_child_started_stops_it() -> None:
     assert result.returncode != 0 and "launcher 1 has exited" in result.stderr
 
 
-def test_the_child_dies_with_its_launcher() -> None:
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_the_child_dies_with_its_launcher(sigint_ignored: bool) -> None:
+    # sigint_ignored: `up` started by a script as `splitserve up &` (a shell without job control starts background
+    # commands with SIGINT ignored, and children inherit that), the death signal must still stop the child.
     child = ("from cli.child_setup import apply_launcher_setup; apply_launcher_setup(); "
              "import time; print('ready', flush=True); time.sleep(60)")
-    launcher = ("import os, subprocess, sys, time; from cli.child_setup import launcher_env; "
+    launcher = ("import os, signal, subprocess, sys, time; from cli.child_setup import launcher_env; "
+                + ("signal.signal(signal.SIGINT, signal.SIG_IGN); " if sigint_ignored else "") +
                 f"c = subprocess.Popen([sys.executable, '-c', {child!r}], "
                 "env={**os.environ, **launcher_env(os.getpid(), frozenset())}); "
                 "print(c.pid, flush=True); time.sleep(60)")
