@@ -63,6 +63,9 @@ def router(
     same_node_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move within a node"),
     same_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move in a zone"),
     cross_zone_latency_s: Optional[float] = typer.Option(None, help="kv: fixed seconds per KV move across zones"),
+    link_min_samples: Optional[int] = typer.Option(None, help="kv: pulls a link needs before their median "
+                                                   "replaces its default (default: TopologyConfig's 3; each "
+                                                   "worker pair's first pull, NIXL's wire-up, never counts)"),
     host_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: bandwidth of loading a block from the "
                                                           "host tier, which a block there saves against "
                                                           "recomputing it, until learned from tier loads (default: the profile's, "
@@ -89,7 +92,8 @@ def router(
                                ("cross_zone_bytes_per_s", cross_zone_bytes_per_s),
                                ("same_node_latency_s", same_node_latency_s),
                                ("same_zone_latency_s", same_zone_latency_s),
-                               ("cross_zone_latency_s", cross_zone_latency_s)) if v is not None}
+                               ("cross_zone_latency_s", cross_zone_latency_s),
+                               ("min_samples", link_min_samples)) if v is not None}
     cost = _cost_config(cost_profile, links, {k: v for k, v in (("prefill_tokens_per_s", prefill_tokens_per_s),
                                                                 ("local_prefill_factor", local_prefill_factor),
                                                                 ("queue_aware_local", queue_aware_local or None))
@@ -124,7 +128,7 @@ def _tier_config(profile: Path | None, host_bytes_per_s: float | None,
         raise typer.BadParameter(str(exc)) from exc
 
 
-def _cost_config(profile: Path | None, links: dict[str, float], overrides: dict[str, float | bool]) -> CostConfig:
+def _cost_config(profile: Path | None, links: dict[str, float | int], overrides: dict[str, float | bool]) -> CostConfig:
     """The kv policy's cost defaults: a profile's figures if given, then each flag set over them."""
     from dataclasses import replace
 

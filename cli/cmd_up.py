@@ -91,6 +91,8 @@ def up(
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, rich_help_panel=ROUTING),
     router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)",
                                                           rich_help_panel=ROUTING),
+    router_link_min_samples: Optional[int] = typer.Option(None, help="Router's --link-min-samples (default: "
+                                                          "its own)", rich_help_panel=ROUTING),
     router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)",
                                                           rich_help_panel=ROUTING),
     # KV tier
@@ -193,6 +195,7 @@ def up(
                      port=port,
                      router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
+                     router_link_min_samples=router_link_min_samples,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
                      planner=planner_spec if planner else None, num_frontends=frontends,

@@ -81,6 +81,7 @@ class GraphSpec:
     router_metrics_port: int = 0  # 0: any free port
     router_prefill_weight: float | None = None  # None: the router's default
     router_busy_threshold: float | None = None
+    router_link_min_samples: int | None = None
     log_level: str = "info"
     log_json: bool = False
     # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
@@ -187,6 +188,8 @@ def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
         cmd += ["--prefill-weight", str(spec.router_prefill_weight)]
     if spec.router_busy_threshold is not None:
         cmd += ["--busy-threshold", str(spec.router_busy_threshold)]
+    if spec.router_link_min_samples is not None:
+        cmd += ["--link-min-samples", str(spec.router_link_min_samples)]
     return cmd
 
 

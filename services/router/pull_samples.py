@@ -17,18 +17,21 @@ from services.router.topology import Place, Topology
 def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, worker_id: str,
                 samples: tuple[TransferSample, ...]) -> None:
     """Feed a decode worker's pulls to the link from each source's node to its own. A source the registry does
-    not know (unattributed, or gone since) teaches nothing."""
+    not know (unattributed, or gone since) teaches nothing. ``used="yes"``: the sample entered the link's window
+    (learned or not yet); ``"no"``: unknown source, a pair's wire-up pull, or too small to time bandwidth."""
     dst = registry.get(worker_id)
     assert dst is not None  # the heartbeat was just recorded
     for sample in samples:
         src = registry.get(sample.src_worker_id) if sample.src_worker_id else None
-        bandwidth = None
-        if src is not None:
-            src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
-            bandwidth = topology.record(src_place, dst_place, sample.num_bytes, sample.seconds, time.monotonic())
-        metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
-        if bandwidth is not None and src is not None:
-            metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
+        if src is None:
+            metrics.transfer_samples.labels(used="no").inc()
+            continue
+        src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
+        recorded = topology.record(src_place, dst_place, sample.num_bytes, sample.seconds, time.monotonic(),
+                                   pair=(src.info.worker_id, worker_id))
+        metrics.transfer_samples.labels(used="yes" if recorded.use in ("learned", "pending") else "no").inc()
+        if recorded.use == "learned" and recorded.bytes_per_s is not None:
+            metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(recorded.bytes_per_s)
 
 
 def learn_tiers(speeds: TierSpeeds, policy: Policy, metrics: RouterMetrics,

@@ -201,6 +201,7 @@ class RouterService:
                 self.approx.remove_worker(info.worker_id)
                 if self.pending is not None:
                     self.pending.remove_worker(info.worker_id)
+                self.topology.forget_worker(info.worker_id)  # a new engine: its pulls wire up anew
                 self._identities[info.worker_id] = identity
                 if info.kv_events:
                     self.event_watch.registered(info.worker_id, now_s)
@@ -338,6 +339,7 @@ class RouterService:
 
     def _forget(self, worker_id: str) -> None:
         self.event_watch.forget(worker_id)
+        self.topology.forget_worker(worker_id)
         self.index.remove_worker(worker_id)
         self.approx.remove_worker(worker_id)
         if self.pending is not None:

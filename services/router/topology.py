@@ -5,6 +5,15 @@ pulls over it (``Heartbeat.transfers``), becomes the median of its recent sample
 (src_node, dst_node) pair: a decode worker pulls from a prefill worker, so a link is measured in the direction
 KV moves. A worker without a node label is on node "" and one without a zone on zone "": one host and one
 zone, so a deployment that labels nothing keeps today's single-host prices.
+
+One slow pull must not price a link: a link learned slow is not used, so not measured again until its samples
+expire (``sample_ttl_s``), and meanwhile every prompt over it prefills on its decode worker. Two guards:
+- the first pull of each (prefill worker, decode worker) pair is not learned from (``num_warmup_pulls``): it
+  also times NIXL's one-time wire-up (UCX connects and unpacks the peer's keys on the first READ), a cost that
+  later pulls do not pay. At a fleet's start every pair's first pull is such a sample, so a median alone could
+  be made of them.
+- a link is learned only once ``min_samples`` samples are in its window; until then its default prices it. With
+  the median, one outlier among them (a pull that waited for a busy CPU) moves nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 Relation = Literal["same_node", "same_zone", "cross_zone"]
+# What one pull taught: learned (in the window, the link is learned), pending (in the window, fewer than
+# min_samples there), warmup (a pair's wire-up pull), ignored (too small or untimed: says nothing of bandwidth).
+SampleUse = Literal["learned", "pending", "warmup", "ignored"]
 # Locality rank of a relation: lower is closer (the tie-break among equally fast pairs).
 RELATION_RANK: dict[Relation, int] = {"same_node": 0, "same_zone": 1, "cross_zone": 2}
 
@@ -38,6 +50,11 @@ class TopologyConfig:
     cross_zone_latency_s: float = 0.005
     # Samples per link in the median: enough to ride out an outlier, few enough to follow a change in seconds.
     window: int = 32
+    # Samples a link needs in its window before they price it (the default does until then): the median of 3
+    # ignores one slow pull; 1 trusts any single one.
+    min_samples: int = 3
+    # Pulls of each (prefill worker, decode worker) pair not learned from: its first also times NIXL's wire-up.
+    num_warmup_pulls: int = 1
     # Smaller pulls time the latency, not the bandwidth: not learned from.
     min_sample_bytes: int = 64 * 1024
     # A link with no sample for this long goes back to its default: one learned slow is otherwise never used
@@ -53,6 +70,8 @@ class TopologyConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.window < 1 or not self.sample_ttl_s > 0:
             raise ValueError("window must be >= 1 and sample_ttl_s > 0")
+        if not 1 <= self.min_samples <= self.window or self.num_warmup_pulls < 0:
+            raise ValueError("min_samples must be in 1..window and num_warmup_pulls >= 0")
 
     def bytes_per_s(self, relation: Relation) -> float:
         match relation:
@@ -88,6 +107,12 @@ class Link:
         return self.latency_s + num_bytes / self.bytes_per_s
 
 
+class Recorded(NamedTuple):
+    use: SampleUse
+    # The link's bandwidth after this sample; None while it is not learned.
+    bytes_per_s: float | None
+
+
 def relation(src: Place, dst: Place) -> Relation:
     if src.node == dst.node:
         return "same_node"
@@ -102,31 +127,47 @@ class Topology:
         self._samples: dict[tuple[str, str], deque[float]] = {}
         self._learned: dict[tuple[str, str], float] = {}
         self._last_sample_s: dict[tuple[str, str], float] = {}
+        # (src_worker_id, dst_worker_id) -> pulls seen, counted up to num_warmup_pulls.
+        self._pair_pulls: dict[tuple[str, str], int] = {}
 
-    def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0) -> float | None:
-        """Learn from one finished pull; returns the link's new bandwidth, or None when the sample says
-        nothing about bandwidth (too small, or no time measured: an instant mock)."""
+    def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0,
+               pair: tuple[str, str] | None = None) -> Recorded:
+        """Learn from one finished pull from ``src`` to ``dst``; ``pair``: the (prefill, decode) worker ids
+        that made it, whose first ``num_warmup_pulls`` teach nothing (None: not known, no warm-up)."""
+        key = (src.node, dst.node)
+        if pair is not None and self._pair_pulls.get(pair, 0) < self.config.num_warmup_pulls:
+            # Counted whatever its size: a small first pull paid the wire-up as well.
+            self._pair_pulls[pair] = self._pair_pulls.get(pair, 0) + 1
+            return Recorded("warmup", self._learned.get(key))
         if num_bytes < self.config.min_sample_bytes or not seconds > 0:
-            return None
+            return Recorded("ignored", self._learned.get(key))
         latency_s = self.config.latency_s(relation(src, dst))
         # The move's own time is seconds minus the fixed part; half the sample at least, so a latency set
         # too high cannot turn a real pull into an infinite bandwidth.
         moving_s = max(seconds - latency_s, seconds / 2)
-        key = (src.node, dst.node)
         window = self._samples.get(key)
         if window is None:
             window = self._samples[key] = deque(maxlen=self.config.window)
         window.append(num_bytes / moving_s)
-        self._learned[key] = statistics.median(window)
         self._last_sample_s[key] = now_s
-        return self._learned[key]
+        if len(window) < self.config.min_samples:
+            return Recorded("pending", None)
+        self._learned[key] = statistics.median(window)
+        return Recorded("learned", self._learned[key])
 
     def expire(self, now_s: float) -> list[tuple[str, str]]:
-        """Forget links whose last sample is older than ``sample_ttl_s``; returns their (src, dst) nodes."""
+        """Forget links whose last sample is older than ``sample_ttl_s``; returns their (src, dst) nodes
+        (learned or still pending)."""
         stale = [key for key, seen_s in self._last_sample_s.items() if now_s - seen_s > self.config.sample_ttl_s]
         for key in stale:
-            del self._learned[key], self._samples[key], self._last_sample_s[key]
+            del self._samples[key], self._last_sample_s[key]
+            self._learned.pop(key, None)  # a link with fewer than min_samples was never learned
         return stale
+
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker left or registered again (a new engine): its pairs' next pulls wire up anew."""
+        for pair in [p for p in self._pair_pulls if worker_id in p]:
+            del self._pair_pulls[pair]
 
     def link(self, src: Place, dst: Place) -> Link:
         rel = relation(src, dst)

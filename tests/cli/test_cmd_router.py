@@ -34,3 +34,17 @@ def test_bad_value_is_a_usage_error() -> None:
 
 def test_queue_aware_flag() -> None:
     assert _cost_config(None, {}, {"queue_aware_local": True}).queue_aware_local is True
+
+
+def test_link_min_samples_flag() -> None:
+    assert _cost_config(None, {"min_samples": 5}, {}).topology.min_samples == 5
+    with pytest.raises(typer.BadParameter, match="min_samples"):
+        _cost_config(None, {"min_samples": 0}, {})
+
+
+def test_up_passes_link_min_samples_to_the_router() -> None:
+    from cli.graph_spec import GraphSpec, router_command
+
+    cmd = router_command(GraphSpec(router_link_min_samples=32), "tcp://127.0.0.1:5550")
+    assert cmd[cmd.index("--link-min-samples") + 1] == "32"
+    assert "--link-min-samples" not in router_command(GraphSpec(), "tcp://127.0.0.1:5550")

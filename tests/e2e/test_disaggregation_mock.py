@@ -45,28 +45,33 @@ def test_long_prompt_prefills_remotely_short_locally(mock_pd: Graph) -> None:
 
 def test_kv_router_prefills_remotely_and_learns_the_link(mock_pd_kv: tuple[Graph, int]) -> None:
     graph, metrics_port = mock_pd_kv
-    prompt = [5000 + i for i in range(700)]
-    client(graph).completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+    # Four prompts without a shared prefix: the pair's first pull (its wire-up) is not learned from, the three
+    # after it are the link's min_samples (TopologyConfig's default).
+    num_prompts = 1 + TopologyConfig().min_samples
+    for i in range(num_prompts):
+        client(graph).completions.create(model=MODEL, prompt=[5000 + 700 * i + j for j in range(700)], max_tokens=4)
     stats = worker_stats(graph.router)
     (decode_id,) = [wid for wid, s in stats.items() if s.num_transfers]
     (prefill_id,) = [wid for wid in stats if wid != decode_id]
-    # The decode worker's pull names the prefill worker it came from ...
+    # The decode worker's pulls name the prefill worker they came from ...
     assert [(t.num_bytes, t.src_worker_id) for t in stats[decode_id].recent_transfers] == [
-        (700 * MOCK_KV_BYTES_PER_TOKEN, prefill_id)]
+        (700 * MOCK_KV_BYTES_PER_TOKEN, prefill_id)] * num_prompts
 
     def router_metric(name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
             text = resp.read().decode()
         return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
-    # ... and reaches the router with a heartbeat, which learns the link's bandwidth from it: the mock's
+    # ... and reach the router with heartbeats, which learn the link's bandwidth from them: the mock's
     # modelled pull time at --mock-speedup 10, less the router's same-node latency (capped at half the pull).
     num_bytes = 700 * MOCK_KV_BYTES_PER_TOKEN
     pull_s = TimingModel(speedup=10).transfer_s(num_bytes)
     moving_s = max(pull_s - TopologyConfig().same_node_latency_s, pull_s / 2)
-    assert wait_until(lambda: router_metric('splitserve_router_transfer_samples_total{used="yes"}') == 1.0)
+    assert wait_until(lambda: router_metric('splitserve_router_transfer_samples_total{used="yes"}') == num_prompts - 1)
+    assert router_metric('splitserve_router_transfer_samples_total{used="no"}') == 1  # the wire-up pull
     assert router_metric("splitserve_router_link_bandwidth_bytes_per_second") == pytest.approx(num_bytes / moving_s)
-    assert router_metric('splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="remote"}') == 1
+    remote = 'splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="remote"}'
+    assert router_metric(remote) == num_prompts
 
 
 def test_client_disconnect_frees_every_block(mock_pd: Graph) -> None:

@@ -24,14 +24,19 @@ from tests.e2e.test_openai_api import MODEL, client
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
 VLLM_ARGS = ("--engine", "vllm", "--dtype", "float32", "--local-prefill-max-tokens", "64")
+# The P/D graph's router keeps its default link prices (32 pulls before it learns; this test makes 5): which
+# side prefills then follows from the prompt lengths alone, not from how fast a loaded CI machine timed a pull
+# (one slow pull once priced the link below local prefill). Learning links from pulls is tested in
+# tests/e2e/test_disaggregation_mock.py and tests/services/router/.
+PD_ROUTER_ARGS = ("--router-link-min-samples", "32")
 # Assorted lengths: tiny, around a block (32), not multiples of it, up to ~1,500 tokens.
 LENGTHS = (3, 31, 33, 65, 100, 257, 700, 1500)
 
 
 @pytest.fixture(scope="module")
 def vllm_pd(tmp_path_factory) -> Graph:
-    graph = start_graph(tmp_path_factory.mktemp("vllm-pd"), *VLLM_ARGS, "--prefill", "1", "--decode", "1",
-                        "--kv-transfer", "pull")
+    graph = start_graph(tmp_path_factory.mktemp("vllm-pd"), *VLLM_ARGS, *PD_ROUTER_ARGS, "--prefill", "1",
+                        "--decode", "1", "--kv-transfer", "pull")
     yield graph
     graph.stop()
 

@@ -26,7 +26,7 @@ from services.router.topology import Place, Topology, TopologyConfig
 
 TOPOLOGY = TopologyConfig(same_node_bytes_per_s=1e9, same_zone_bytes_per_s=1e8, cross_zone_bytes_per_s=1e7,
                           same_node_latency_s=0.001, same_zone_latency_s=0.002, cross_zone_latency_s=0.01,
-                          min_sample_bytes=1000)
+                          min_sample_bytes=1000, min_samples=1)  # a table case's one sample is the link
 CONFIG = CostConfig(prefill_tokens_per_s=1000.0, local_prefill_factor=1.5, decode_interference_per_stream=0.1,
                     equal_tolerance=0.05, topology=TOPOLOGY)
 PROMPT = 2000
@@ -99,8 +99,37 @@ LEARNED_SLOW_SAME_ZONE = [(B1, A1, 20_000_000, 2.002)]  # 1e7 bytes/s on a link 
 def test_choose_prefill(decode: Site, prefill: list[Site], samples: list, expected: PrefillChoice) -> None:
     topology = Topology(TOPOLOGY)
     for src, dst, num_bytes, seconds in samples:
-        assert topology.record(src, dst, num_bytes, seconds) is not None
+        assert topology.record(src, dst, num_bytes, seconds).use == "learned"
     assert same(choose_prefill(PROMPT, decode, prefill, topology, CONFIG), expected)
+
+
+# b -> a pulls of 2e7 bytes: 2.002 s is 1e7 bytes/s (slow: remote 4.002 s, local wins), 0.022 s 1e9 bytes/s.
+SLOW_PULL, FAST_PULL, PAIR = 2.002, 0.022, ("p", "d")
+
+
+@pytest.mark.parametrize(
+    ("pulls", "expected"),
+    [
+        # Fewer than min_samples (3): the same-zone default (1e8) prices the link, remote 2.202 s.
+        pytest.param([(SLOW_PULL, None)], PrefillChoice("p", 2.202, "remote", 3.0, "same_zone", 0.202),
+                     id="one-slow-pull-not-learned"),
+        pytest.param([(SLOW_PULL, None)] * 2, PrefillChoice("p", 2.202, "remote", 3.0, "same_zone", 0.202),
+                     id="two-slow-pulls-not-learned"),
+        pytest.param([(SLOW_PULL, None)] * 3, PrefillChoice(None, 3.0, "local_cheaper", 3.0),
+                     id="three-slow-pulls-learned"),
+        # The pair's wire-up pull is not learned from; the three after it are: 2.0 + 0.022 s.
+        pytest.param([(SLOW_PULL, PAIR)] + [(FAST_PULL, PAIR)] * 3,
+                     PrefillChoice("p", 2.022, "remote", 3.0, "same_zone", 0.022), id="wire-up-not-counted"),
+        # A slow pull after the wire-up is outvoted by the median of three.
+        pytest.param([(SLOW_PULL, PAIR), (SLOW_PULL, PAIR), (FAST_PULL, PAIR), (FAST_PULL, PAIR)],
+                     PrefillChoice("p", 2.022, "remote", 3.0, "same_zone", 0.022), id="slow-pull-outvoted"),
+    ],
+)
+def test_one_slow_pull_does_not_price_a_link(pulls: list, expected: PrefillChoice) -> None:
+    topology = Topology(replace(TOPOLOGY, min_samples=3))
+    for seconds, pair in pulls:
+        topology.record(B1, A1, 20_000_000, seconds, pair=pair)
+    assert same(choose_prefill(PROMPT, DECODE_A_BIG, [site("p", B1, kv=10_000)], topology, CONFIG), expected)
 
 
 QUEUED_4000 = WorkerLoad(num_waiting=2, num_waiting_tokens=4000)

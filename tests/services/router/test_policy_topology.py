@@ -18,7 +18,7 @@ PROMPT = 2000
 HASHES = list(range(1000, 1000 + PROMPT // BS))
 TOPOLOGY = TopologyConfig(same_node_bytes_per_s=1e9, same_zone_bytes_per_s=1e8, cross_zone_bytes_per_s=1e7,
                           same_node_latency_s=0.001, same_zone_latency_s=0.002, cross_zone_latency_s=0.01,
-                          min_sample_bytes=1000)
+                          min_sample_bytes=1000, min_samples=1)  # one sample teaches a link
 KV = PolicyConfig(cost=CostConfig(prefill_tokens_per_s=1000.0, local_prefill_factor=1.5,
                                   decode_interference_per_stream=0.0, topology=TOPOLOGY))
 

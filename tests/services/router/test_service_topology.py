@@ -62,28 +62,49 @@ def test_heartbeat_samples_teach_the_link_and_change_the_route() -> None:
     svc = _router()
     # Default cross-zone link 1e7 bytes/s: moving 2e7 bytes (2 s) costs more than local prefill (3 s vs 4.01 s).
     assert _prefill_worker(svc, _prompt(0)) is None
-    # d pulled 2e7 bytes from p in 0.03 s: c -> a runs at 1e9 bytes/s. One sample from an unknown worker and
-    # one unattributed: ignored.
-    _beat(svc, (TransferSample(seq=1, seconds=0.03, num_bytes=20_000_000, src_worker_id="p"),
-                TransferSample(seq=2, seconds=5.0, num_bytes=20_000_000, src_worker_id="gone"),
-                TransferSample(seq=3, seconds=5.0, num_bytes=20_000_000)))
+    # d's first pull from p (5 s: NIXL's wire-up) teaches nothing; then 2e7 bytes in 0.03 s: c -> a runs at
+    # 1e9 bytes/s. One sample from an unknown worker and one unattributed: ignored.
+    _beat(svc, (TransferSample(seq=1, seconds=5.0, num_bytes=20_000_000, src_worker_id="p"),
+                TransferSample(seq=2, seconds=0.03, num_bytes=20_000_000, src_worker_id="p"),
+                TransferSample(seq=3, seconds=5.0, num_bytes=20_000_000, src_worker_id="gone"),
+                TransferSample(seq=4, seconds=5.0, num_bytes=20_000_000)))
+    # One sample of the three a link needs: still the default, still local.
+    assert svc.topology.learned_links() == {}
+    assert _prefill_worker(svc, _prompt(2)) is None
+    _beat(svc, tuple(TransferSample(seq=seq, seconds=0.03, num_bytes=20_000_000, src_worker_id="p")
+                     for seq in (5, 6)))
     assert svc.topology.learned_links() == {("c", "a"): pytest.approx(1e9)}
     assert svc.topology.link(Place("c", "z2"), Place("a", "z1")).learned
-    # A new prompt (the first one is now cached on d: the approximate index recorded it there).
+    # A new prompt (the first ones are now cached on d: the approximate index recorded them there).
     assert _prefill_worker(svc, _prompt(1)) == "p"
     text = generate_latest(svc.metrics.registry).decode()
     gauge = re.search(r'^splitserve_router_link_bandwidth_bytes_per_second\{dst_node="a",src_node="c"\} (\S+)$',
                       text, re.M)
     assert gauge is not None and float(gauge.group(1)) == pytest.approx(1e9)
-    assert 'splitserve_router_transfer_samples_total{used="yes"} 1.0' in text
-    assert 'splitserve_router_transfer_samples_total{used="no"} 2.0' in text
+    assert 'splitserve_router_transfer_samples_total{used="yes"} 3.0' in text
+    assert 'splitserve_router_transfer_samples_total{used="no"} 3.0' in text
     assert 'splitserve_router_predicted_prefill_seconds_count{relation="cross_zone",where="remote"} 1.0' in text
-    assert 'splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="local"} 1.0' in text
+    assert 'splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="local"} 2.0' in text
+
+
+def test_a_reregistered_worker_wires_up_again() -> None:
+    svc = _router()
+    _beat(svc, (TransferSample(seq=1, seconds=5.0, num_bytes=20_000_000, src_worker_id="p"),))  # wire-up
+    _beat(svc, (TransferSample(seq=2, seconds=0.03, num_bytes=20_000_000, src_worker_id="p"),))  # 1 of 3
+    info = svc.registry.get("p")
+    assert info is not None  # p registers again (a restarted engine): its next pull to d is a wire-up again
+    assert isinstance(svc.handle(b"p", RegisterWorker(request_id="r2", info=info.info,
+                                                      protocol_version=PROTOCOL_VERSION)), RegisterAck)
+    _beat(svc, (TransferSample(seq=3, seconds=5.0, num_bytes=20_000_000, src_worker_id="p"),))
+    text = generate_latest(svc.metrics.registry).decode()
+    assert 'splitserve_router_transfer_samples_total{used="no"} 2.0' in text
+    assert 'splitserve_router_transfer_samples_total{used="yes"} 1.0' in text
 
 
 def test_routed_tokens_count_as_queued_until_the_next_report() -> None:
     svc = _router(replace(COST, queue_aware_local=True))
-    svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)  # fast link: remote is cheaper
+    for _ in range(TOPOLOGY.min_samples):  # fast link: remote is cheaper
+        svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)
     for worker_id in ("p", "d"):  # both count queued tokens: 0 now
         assert svc.handle(b"w", Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
     assert _prefill_worker(svc, _prompt(1)) == "p"
