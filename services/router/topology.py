@@ -9,9 +9,9 @@ zone, so a deployment that labels nothing keeps today's single-host prices.
 One slow pull must not price a link: a link learned slow is not used, so not measured again until its samples
 expire (``sample_ttl_s``), and meanwhile every prompt over it prefills on its decode worker. Two guards:
 - the first pull of each (prefill worker, decode worker) pair is not learned from (``num_warmup_pulls``): it
-  also times NIXL's one-time wire-up (UCX connects and unpacks the peer's keys on the first READ), a cost that
-  later pulls do not pay. At a fleet's start every pair's first pull is such a sample, so a median alone could
-  be made of them.
+  also times the pair's one-time wire-up (UCX connects lazily, on the first READ), a cost later pulls do not
+  pay: between two vLLM engines on one host, 393 KB took 8.4 ms on the first pull, 0.5-6 MB 0.17-0.56 ms after.
+  At a fleet's start every pair's first pull is such a sample, so a median alone could be made of them.
 - a link is learned only once ``min_samples`` samples are in its window; until then its default prices it. With
   the median, one outlier among them (a pull that waited for a busy CPU) moves nothing.
 """
