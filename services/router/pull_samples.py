@@ -1,5 +1,11 @@
-"""A decode worker's reported KV pulls teach the router the bandwidth of the links they crossed; any worker's
-reported KV tier loads teach it the tiers' speeds (``TierSpeeds``), which the kv policy's tier credit uses."""
+"""The KV transfers workers report teach the router the bandwidth of the links they crossed; any worker's reported
+KV tier loads teach it the tiers' speeds (``TierSpeeds``), which the kv policy's tier credit uses.
+
+A transfer is reported by its NIXL initiator: a pull by the decode worker that READ (source named in the sample,
+destination the reporter), a push by the prefill worker that WROTE (destination named, source the reporter). Both
+are one transfer's bytes over its post-to-completion seconds in the direction KV moves, prefill -> decode, so
+both feed the same (src_node, dst_node) link.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +15,39 @@ import time
 from common.protocol import TierLoadSample, TransferSample
 from services.router.metrics import RouterMetrics
 from services.router.policy import Policy
-from services.router.registry import Registry
+from services.router.registry import Registry, WorkerEntry
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Place, Topology
 
 
+def link_ends(registry: Registry, worker_id: str, sample: TransferSample) -> tuple[WorkerEntry, WorkerEntry] | None:
+    """The (source, destination) workers of a sample ``worker_id`` reported; None when either is unknown
+    (unattributed, or gone since): such a sample teaches nothing."""
+    if sample.dst_worker_id:  # a push: the reporter wrote into dst
+        src_id, dst_id = sample.src_worker_id or worker_id, sample.dst_worker_id
+    else:  # a pull: the reporter read from src
+        src_id, dst_id = sample.src_worker_id, worker_id
+    src = registry.get(src_id) if src_id else None
+    dst = registry.get(dst_id) if dst_id else None
+    if src is None or dst is None or src is dst:
+        return None
+    return src, dst
+
+
 def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, worker_id: str,
                 samples: tuple[TransferSample, ...]) -> None:
-    """Feed a decode worker's pulls to the link from each source's node to its own. A source the registry does
-    not know (unattributed, or gone since) teaches nothing."""
-    dst = registry.get(worker_id)
-    assert dst is not None  # the heartbeat was just recorded
+    """Feed a worker's transfers (its pulls or its pushes) to the link from each source's node to its
+    destination's."""
     for sample in samples:
-        src = registry.get(sample.src_worker_id) if sample.src_worker_id else None
+        ends = link_ends(registry, worker_id, sample)
         bandwidth = None
-        if src is not None:
+        if ends is not None:
+            src, dst = ends
             src_place, dst_place = Place(src.info.node, src.info.zone), Place(dst.info.node, dst.info.zone)
             bandwidth = topology.record(src_place, dst_place, sample.num_bytes, sample.seconds, time.monotonic())
+            if bandwidth is not None:
+                metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
         metrics.transfer_samples.labels(used="yes" if bandwidth is not None else "no").inc()
-        if bandwidth is not None and src is not None:
-            metrics.link_bandwidth.labels(src_node=src.info.node, dst_node=dst.info.node).set(bandwidth)
 
 
 def learn_tiers(speeds: TierSpeeds, policy: Policy, metrics: RouterMetrics,

@@ -1,9 +1,8 @@
 """Links between nodes as the router prices them: bandwidth (bytes/s) and a fixed latency per KV move.
 
-A link starts at its relation's default (same node, same zone, other zone) and, once decode workers report
-pulls over it (``Heartbeat.transfers``), becomes the median of its recent samples. Learned per ordered
-(src_node, dst_node) pair: a decode worker pulls from a prefill worker, so a link is measured in the direction
-KV moves. A worker without a node label is on node "" and one without a zone on zone "": one host and one
+A link starts at its relation's default (same node, same zone, other zone) and, once workers report transfers
+over it (``Heartbeat.transfers``: decode workers their pulls, prefill workers their pushes), becomes the median of
+its recent samples. Learned per ordered (src_node, dst_node) pair, in the direction KV moves: prefill -> decode. A worker without a node label is on node "" and one without a zone on zone "": one host and one
 zone, so a deployment that labels nothing keeps today's single-host prices.
 """
 
@@ -104,7 +103,7 @@ class Topology:
         self._last_sample_s: dict[tuple[str, str], float] = {}
 
     def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0) -> float | None:
-        """Learn from one finished pull; returns the link's new bandwidth, or None when the sample says
+        """Learn from one finished transfer (pull or push); returns the link's new bandwidth, or None when the sample says
         nothing about bandwidth (too small, or no time measured: an instant mock)."""
         if num_bytes < self.config.min_sample_bytes or not seconds > 0:
             return None
