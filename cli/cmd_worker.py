@@ -36,7 +36,7 @@ def worker(
     switchable: Optional[bool] = typer.Option(
         None, "--switchable/--fixed-role", help="Routers may move this worker between the prefill and decode "
         "pools in place (SetRole, `splitserve router set-role`); its engine then serves both sides of P/D (vLLM: "
-        "NixlConnector kv_both, one batch budget for both). Default: mock yes, vLLM no"),
+        "its NIXL connector, pull or push, with kv_both; one batch budget for both). Default: mock yes, vLLM no"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or replicas comma-separated (registers with each)"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
