@@ -24,7 +24,7 @@ from common.protocol import (
 )
 from services.router.cost import CostConfig
 from services.router.policy import PolicyConfig
-from services.router.pull_samples import link_ends
+from services.router.transfer_samples import link_ends
 from services.router.service import RouterConfig, RouterService
 from services.router.topology import Place, TopologyConfig
 
