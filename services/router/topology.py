@@ -2,8 +2,9 @@
 
 A link starts at its relation's default (same node, same zone, other zone) and, once workers report transfers
 over it (``Heartbeat.transfers``: decode workers their pulls, prefill workers their pushes), becomes the median of
-its recent samples. Learned per ordered (src_node, dst_node) pair, in the direction KV moves: prefill -> decode. A worker without a node label is on node "" and one without a zone on zone "": one host and one
-zone, so a deployment that labels nothing keeps today's single-host prices.
+its recent samples. Learned per ordered (src_node, dst_node) pair, in the direction KV moves: prefill -> decode.
+A worker without a node label is on node "" and one without a zone on zone "": one host and one zone, so a
+deployment that labels nothing keeps today's single-host prices.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ class Topology:
         self._last_sample_s: dict[tuple[str, str], float] = {}
 
     def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0) -> float | None:
-        """Learn from one finished transfer (pull or push); returns the link's new bandwidth, or None when the sample says
-        nothing about bandwidth (too small, or no time measured: an instant mock)."""
+        """Learn from one finished transfer (pull or push); returns the link's new bandwidth, or None when the
+        sample says nothing about bandwidth (too small, or no time measured: an instant mock)."""
         if num_bytes < self.config.min_sample_bytes or not seconds > 0:
             return None
         latency_s = self.config.latency_s(relation(src, dst))
