@@ -118,7 +118,7 @@ class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
     moved over post-to-completion seconds from ``src_worker_id`` to ``dst_worker_id``: what the router learns
     a link's bandwidth from."""
 
-    seq: int  # 1-based: this was the worker's seq-th pull (compare with WorkerStats.num_transfers)
+    seq: int  # 1-based: this was the worker's seq-th transfer (compare with WorkerStats.num_transfers)
     seconds: float  # post to completion
     num_bytes: int
     num_descriptors: int = 0  # after NIXL merged adjacent blocks; 0 where unknown (mock)
