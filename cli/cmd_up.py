@@ -60,7 +60,7 @@ def up(
         "tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
-    kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "push; pull for --switchable vLLM workers"), ENGINE),
+    kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "push"), ENGINE),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)",
                                    rich_help_panel=ENGINE),
     num_blocks: Optional[int] = typer.Option(None, rich_help_panel=ENGINE),
@@ -163,10 +163,7 @@ def up(
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
     if kv_transfer is not None:
         kv_transfer_checked(kv_transfer)
-    try:
-        kv_transfer = up_kv_transfer(kv_transfer, engine, switchable)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--kv-transfer") from exc
+    kv_transfer = up_kv_transfer(kv_transfer)
     if curve and curve_dir is not None:
         raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     if model is not None:

@@ -36,7 +36,7 @@ def worker(
     switchable: Optional[bool] = typer.Option(
         None, "--switchable/--fixed-role", help="Routers may move this worker between the prefill and decode "
         "pools in place (SetRole, `splitserve router set-role`); its engine then serves both sides of P/D (vLLM: "
-        "NixlConnector kv_both, one batch budget for both). Default: mock yes, vLLM no"),
+        "its NIXL connector, pull or push, with kv_both; one batch budget for both). Default: mock yes, vLLM no"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or replicas comma-separated (registers with each)"),
     endpoint: str = typer.Option("tcp://127.0.0.1:0", help="ZeroMQ bind address for requests"),
@@ -99,7 +99,8 @@ def worker(
     address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
     nixl_peer_host = address_checked(nixl_advertise_host, nixl_host, nixl_advertise, advertise_endpoint or "")
     if engine == "vllm":
-        address_checked(check_push_side_channel, nixl_host, kv_transfer, role)
+        # A switchable worker may decode later, whatever its role now: in push its side channel is dialed then.
+        address_checked(check_push_side_channel, nixl_host, kv_transfer, "both" if switchable else role)
     if (engine == "vllm" and role != "decode" and is_loopback(nixl_peer_host) and advertise_endpoint
             and not is_loopback(address_checked(advertise_host, advertise_endpoint))):
         typer.echo(f"warning: --advertise {advertise_endpoint} but decode engines are told to pull KV from "
@@ -114,9 +115,6 @@ def worker(
     # The mock engine serves any request whatever its role; a vLLM engine only with kv_both (opt-in: kv_both
     # costs a decode engine its progress-thread-free NIXL agent and its small batch budget).
     switchable = (engine == "mock") if switchable is None else switchable
-    if engine == "vllm" and switchable and kv_transfer == "push":
-        raise typer.BadParameter("a switchable vLLM worker pulls KV (NixlConnector kv_both; push with kv_both is "
-                                 "not tested): give --kv-transfer pull", param_hint="--kv-transfer")
     if engine == "mock":
         from common.timing import TimingModel
         from services.worker.engines.mock.config import MockEngineConfig

@@ -21,16 +21,11 @@ from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 UP_KV_TRANSFER = "push"
 
 
-def up_kv_transfer(requested: str | None, engine: str, switchable: bool | None) -> str:
-    """The KV transfer `up` gives its workers: ``requested``, else push; a switchable vLLM graph pulls, since its
-    engines run NixlConnector with kv_both (push with kv_both is not tested: refused when asked for)."""
-    vllm_switchable = engine == "vllm" and bool(switchable)
-    if requested is None:
-        return "pull" if vllm_switchable else UP_KV_TRANSFER
-    if requested == "push" and vllm_switchable:
-        raise ValueError("switchable vLLM workers pull KV (NixlConnector kv_both): drop --kv-transfer push "
-                         "or --switchable")
-    return requested
+def up_kv_transfer(requested: str | None) -> str:
+    """The KV transfer `up` gives its workers: ``requested``, else push. Switchable vLLM workers (kv_both) push too:
+    vLLM 0.32's NixlPushConnector acts per request, not per role (a prefill request's KV is written out, a decode
+    request's blocks are registered), tested across a role switch in tests/e2e/test_roles_vllm.py."""
+    return requested if requested is not None else UP_KV_TRANSFER
 
 DEFAULT_MODEL_DIR = Path("models/tiny")
 

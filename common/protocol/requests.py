@@ -120,13 +120,14 @@ class WorkerStats(Msg, frozen=True):
     num_transfers: int = 0
     num_transfer_failures: int = 0
     num_transfer_bytes: int = 0
-    # Seconds spent in those pulls, summed (decode side; vLLM: NIXL telemetry xferDuration). GB/s = bytes / this.
+    # Seconds spent in the transfers this worker initiated, summed (pull: the decode side's READs; push: the prefill
+    # side's WRITEs; vLLM: NIXL telemetry xferDuration). GB/s = bytes / this.
     transfer_seconds_total: float = 0.0
     # NIXL descriptors those pulls posted, summed, after NIXL merged adjacent blocks (vLLM: telemetry descCount);
     # 0 where unknown (mock). Says which raw READ a transfer compares with: one per block, or one per region.
     num_transfer_descriptors: int = 0
-    # The last pulls one by one, oldest first (at most services.worker.transfer_log.RECENT_TRANSFERS): sums hide
-    # whether a slow run was a few outliers or every pull.
+    # The last transfers one by one (pulls READ here, pushes WRITTEN from here), oldest first (at most
+    # services.worker.transfer_log.RECENT_TRANSFERS): sums hide whether a slow run was a few outliers or every one.
     recent_transfers: tuple[TransferSample, ...] = ()
     # Prompt tokens by where their KV came from, cumulative (vLLM's scheduler accounting; 0 where unknown: mock):
     # computed here, hit in this engine's prefix cache, pulled from elsewhere (NIXL from a prefill worker, kvtier).

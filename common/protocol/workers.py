@@ -113,15 +113,22 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One finished KV pull, as the decode engine timed it (vLLM: the NIXL telemetry of one READ)."""
+    """One finished KV transfer, as its NIXL initiator timed it: a pull's READ, timed by the decode engine, or a
+    push's WRITE, timed by the prefill engine (vLLM: NIXL's telemetry of the one transfer). Either way bytes
+    moved over post-to-completion seconds from ``src_worker_id`` to ``dst_worker_id``: what the router learns
+    a link's bandwidth from."""
 
-    seq: int  # 1-based: this was the worker's seq-th pull (compare with WorkerStats.num_transfers)
+    seq: int  # 1-based: this was the worker's seq-th transfer (compare with WorkerStats.num_transfers)
     seconds: float  # post to completion
     num_bytes: int
     num_descriptors: int = 0  # after NIXL merged adjacent blocks; 0 where unknown (mock)
     post_seconds: float = 0.0  # inside the post call (NIXL on CPU copies there); 0 where unknown
-    # Worker the KV was pulled from (KvTransferParams.remote_engine_id = the prefill worker's id); "" unknown.
+    # Worker the KV came from (a pull: KvTransferParams.remote_engine_id = the prefill worker's id; a push: the
+    # reporting worker itself); "" unknown.
     src_worker_id: str = ""
+    # Worker the KV was written into (a push: the decode engine that registered its blocks; vLLM names it by its
+    # engine id = worker id). "": a pull, whose destination is the reporting worker.
+    dst_worker_id: str = ""
 
 
 class TierLoadSample(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -159,7 +166,8 @@ class Heartbeat(Msg, frozen=True):
     seq: int = 0
     # The worker is draining (SIGTERM or a scale-down): route nothing new to it; it exits once idle.
     draining: bool = False
-    # KV pulls finished since the previous heartbeat, oldest first (the router learns link bandwidths from them).
+    # KV transfers this worker initiated since the previous heartbeat (pulls it READ, pushes it WROTE), oldest
+    # first (the router learns link bandwidths from them).
     transfers: tuple[TransferSample, ...] = ()
     # The worker's role now (it is the source of truth: a SetRole moves it and every router follows its beats;
     # a router that restarts learns it from the registration). "": an older worker, role as registered.

@@ -61,8 +61,8 @@ class RouterMetrics:
         self.tier_samples = Counter("splitserve_router_tier_load_samples", "Worker KV tier loads reported",
                                     ["tier"], registry=r)
         self.transfer_samples = Counter(
-            "splitserve_router_transfer_samples", "KV pull samples reported by workers, by whether a link learned "
-            "from them", ["used"], registry=r)
+            "splitserve_router_transfer_samples", "KV transfer samples (pulls and pushes) reported by workers, by "
+            "whether a link learned from them", ["used"], registry=r)
         # Constant 1 per registered worker at its current role (a SetRole moves it: docs/architecture.md#roles).
         self.worker_role = Gauge("splitserve_router_worker_role", "Each worker's current role", ["worker_id", "role"],
                                  registry=r)

@@ -47,7 +47,7 @@ from services.router.policy import Policy, PolicyConfig
 from services.router.registry import DECODE_ROLES, PREFILL_ROLES, Registry, check_protocol_version
 from services.router.remote_tier import remote_tier
 from services.router.overlaps import merged_overlaps
-from services.router.pull_samples import learn_links, learn_tiers, show_tiers
+from services.router.transfer_samples import learn_links, learn_tiers, show_tiers
 from services.router.roles import RoleSwitcher
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Topology
@@ -98,7 +98,8 @@ class RouterService:
         # Each registered tier's registration as sent (its endpoint, node and zone).
         self._tier_info: dict[str, RegisterTier] = {}
         self.events_endpoint = ""
-        # Link bandwidths learned from the decode workers' pulls; the kv policy prices KV moves with it.
+        # Link bandwidths learned from the transfers workers report (pulls and pushes); the kv policy prices KV
+        # moves with it.
         self.topology = Topology(config.policy.cost.topology)
         self.policy = Policy(config.policy, seed=config.seed, topology=self.topology)
         # Tier speeds learned from the workers' tier loads; the configured ones until then.

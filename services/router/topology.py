@@ -1,15 +1,14 @@
 """Links between nodes as the router prices them: bandwidth (bytes/s) and a fixed latency per KV move.
 
-A link starts at its relation's default (same node, same zone, other zone) and, once decode workers report
-pulls over it (``Heartbeat.transfers``), becomes the median of its recent samples. Learned per ordered
-(src_node, dst_node) pair: a decode worker pulls from a prefill worker, so a link is measured in the direction
-KV moves. A worker without a node label is on node "" and one without a zone on zone "": one host and one
-zone, so a deployment that labels nothing keeps today's single-host prices.
+A link starts at its relation's default (same node, same zone, other zone) and, once workers report transfers
+over it (``Heartbeat.transfers``: decode workers their pulls, prefill workers their pushes), becomes the median of
+its recent samples. Learned per ordered (src_node, dst_node) pair, in the direction KV moves: prefill -> decode.
+A worker without a node label is on node "" and one without a zone on zone "": one host and one zone, so a deployment that labels nothing keeps today's single-host prices.
 
-One slow pull must not price a link: a link learned slow is not used, so not measured again until its samples
+One slow transfer must not price a link: a link learned slow is not used, so not measured again until its samples
 expire (``sample_ttl_s``), and meanwhile every prompt over it prefills on its decode worker. Two guards:
-- the first pull of each (prefill worker, decode worker) pair is not learned from (``num_warmup_pulls``): it
-  also times the pair's one-time wire-up (UCX connects lazily, on the first READ), a cost later pulls do not
+- the first transfer of each (prefill worker, decode worker) pair is not learned from (``num_warmup_pulls``):
+  it also times the pair's one-time wire-up (UCX connects lazily, on the first READ or WRITE), a cost later pulls do not
   pay: between two vLLM engines on one host, 393 KB took 8.4 ms on the first pull, 0.5-6 MB 0.17-0.56 ms after.
   At a fleet's start every pair's first pull is such a sample, so a median alone could be made of them.
 - a link is learned only once ``min_samples`` samples are in its window; until then its default prices it. With
@@ -132,8 +131,9 @@ class Topology:
 
     def record(self, src: Place, dst: Place, num_bytes: int, seconds: float, now_s: float = 0.0,
                pair: tuple[str, str] | None = None) -> Recorded:
-        """Learn from one finished pull from ``src`` to ``dst``; ``pair``: the (prefill, decode) worker ids
-        that made it, whose first ``num_warmup_pulls`` teach nothing (None: not known, no warm-up)."""
+        """Learn from one finished transfer (pull or push) from ``src`` to ``dst``; ``pair``: the (prefill,
+        decode) worker ids that made it, whose first ``num_warmup_pulls`` transfers teach nothing (None: not
+        known, no warm-up)."""
         key = (src.node, dst.node)
         if pair is not None and self._pair_pulls.get(pair, 0) < self.config.num_warmup_pulls:
             # Counted whatever its size: a small first pull paid the wire-up as well.

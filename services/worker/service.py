@@ -118,8 +118,8 @@ class WorkerService:
         self._role: Role = config.role
         self._last_prefill_s = float("-inf")  # monotonic: when a prefill for a remote decode last finished here
         self.metrics = WorkerMetrics(config.worker_id, config.role)
-        # Pulls not yet reported to the router, and where each came from.
-        self._transfer_sources = TransferSources()
+        # Transfers not yet reported to the router, and where each came from (pulls) or went to (pushes).
+        self._transfer_sources = TransferSources(config.worker_id)
         self._new_tier_loads = NewTierLoads()  # tier loads reported once each, by heartbeat
 
     async def run(self, ready: asyncio.Event | None = None) -> None:

@@ -1,5 +1,6 @@
-"""Bookkeeping of one engine's finished KV pulls: cumulative counts, the recent pulls one by one, and the
-seconds of each pull handed to the metrics once. Shared by the vLLM stats sink and the mock engine."""
+"""Bookkeeping of the KV transfers one engine initiated (pulls it READ; pushes it WROTE): cumulative counts, the
+recent ones one by one, and the seconds of each handed to the metrics once. Shared by the vLLM stats sink and the
+mock engine."""
 
 from __future__ import annotations
 
@@ -21,18 +22,18 @@ class TransferLog:
         self._undrained_s: list[float] = []
 
     def record(self, seconds: float, num_bytes: int, num_descriptors: int = 0, post_seconds: float = 0.0,
-               src_worker_id: str = "") -> None:
+               src_worker_id: str = "", dst_worker_id: str = "") -> None:
         self.num_transfers += 1
         self.num_bytes += num_bytes
         self.num_descriptors += num_descriptors
         self.seconds_total += seconds
         self._recent.append(TransferSample(seq=self.num_transfers, seconds=seconds, num_bytes=num_bytes,
                                            num_descriptors=num_descriptors, post_seconds=post_seconds,
-                                           src_worker_id=src_worker_id))
+                                           src_worker_id=src_worker_id, dst_worker_id=dst_worker_id))
         self._undrained_s.append(seconds)
 
     def recent(self) -> tuple[TransferSample, ...]:
-        """The last ``max_recent`` pulls, oldest first."""
+        """The last ``max_recent`` transfers, oldest first."""
         return tuple(self._recent)
 
     def drain_seconds(self) -> tuple[float, ...]:

@@ -6,6 +6,10 @@ peer). Such a pull is attributed when it can only have come from one worker: eve
 during this heartbeat interval or the one before named the same ``remote_engine_id`` (a prefill worker's id).
 Otherwise it stays unattributed and the router learns nothing from it: a wrong source would teach a wrong link.
 Sources filled in are remembered, so GetStats shows them as heartbeats sent them.
+
+A push is the other way round: the prefill engine initiates the WRITE and reports it, its destination named
+(``dst_worker_id``: vLLM's decode engine id, tagged on by services/worker/engines/vllm/push_peers.py). Its source
+is this worker, never a guess from the pulls around it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from services.worker.transfer_log import RECENT_TRANSFERS
 
 
 class TransferSources:
-    def __init__(self) -> None:
+    def __init__(self, worker_id: str = "") -> None:
+        self._worker_id = worker_id  # the source of every push this worker reports
         self._pulling: dict[str, str] = {}  # request id -> remote_engine_id, from Generate to its first output
         self._this_interval: set[str] = set()
         self._last_interval: set[str] = set()
@@ -38,7 +43,7 @@ class TransferSources:
     def new_samples(self, recent: tuple[TransferSample, ...]) -> tuple[TransferSample, ...]:
         """Samples after the last call's (by ``seq``), a source filled in where only one is possible. Call once
         per heartbeat: each call closes an interval."""
-        new = [s for s in recent if s.seq > self._last_seq]
+        new = [self._pushed_from_here(s) for s in recent if s.seq > self._last_seq]
         if new:
             self._last_seq = new[-1].seq
         sources = self._this_interval | self._last_interval | set(self._pulling.values())
@@ -47,7 +52,7 @@ class TransferSources:
         if not only:
             return tuple(new)
         for s in new:
-            if not s.src_worker_id:
+            if not s.src_worker_id and not s.dst_worker_id:  # a pull's source; a push's is this worker
                 self._filled[s.seq] = only
         while len(self._filled) > RECENT_TRANSFERS:
             self._filled.popitem(last=False)
@@ -57,4 +62,9 @@ class TransferSources:
         """``samples`` with the sources filled in by earlier ``new_samples`` calls."""
         filled = self._filled
         return tuple(msgspec.structs.replace(s, src_worker_id=filled[s.seq])
-                     if not s.src_worker_id and s.seq in filled else s for s in samples)
+                     if not s.src_worker_id and s.seq in filled else self._pushed_from_here(s) for s in samples)
+
+    def _pushed_from_here(self, sample: TransferSample) -> TransferSample:
+        if sample.dst_worker_id and not sample.src_worker_id and self._worker_id:
+            return msgspec.structs.replace(sample, src_worker_id=self._worker_id)
+        return sample

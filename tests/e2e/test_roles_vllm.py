@@ -1,7 +1,9 @@
 """The real path of a role switch: three vLLM engines with kv_both (2 prefill, 1 decode); one prefill worker is
-moved to decode while requests run. No request fails, the moved worker then decodes with KV it pulled from the
-other prefill worker over NIXL, and every output equals one vLLM engine's doing both (fp32, greedy). Measures the
-switch: the router's decision to the worker serving (RoleSet.seconds), and to its first pull as a decode worker."""
+moved to decode while requests run. No request fails, the moved worker then decodes with KV the other prefill
+worker moved to it over NIXL (pull: it READs it; push: the prefill engine WRITEs it into its blocks, vLLM's
+NixlPushConnector with kv_both), and every output equals one vLLM engine's doing both (fp32, greedy). Measures the
+switch: the router's decision to the worker serving (RoleSet.seconds), and to its first KV transfer as a decode
+worker."""
 
 from __future__ import annotations
 
@@ -32,9 +34,17 @@ def _set_role(graph: Graph, worker_id: str, role: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
+def _into(stats: dict, src: str, dst: str) -> list:
+    """The transfers ``src``'s KV made into ``dst`` that the initiator reported (pull: dst's READs; push: src's
+    WRITEs)."""
+    return ([t for t in stats[dst].recent_transfers if t.src_worker_id == src and not t.dst_worker_id]
+            + [t for t in stats[src].recent_transfers if t.dst_worker_id == dst])
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_prefill_worker_moved_to_decode_serves_transferred_kv(tmp_path, mode: str) -> None:
     graph = start_graph(tmp_path, *VLLM_ARGS, "--prefill", "2", "--decode", "1", "--switchable",
-                        "--no-kvtier", log_name="roles-vllm.log")
+                        "--no-kvtier", "--kv-transfer", mode, log_name=f"roles-vllm-{mode}.log")
     outputs: dict[tuple[int, int], tuple[str, int]] = {}
     errors: list[str] = []
     lock = threading.Lock()
@@ -61,14 +71,15 @@ def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
             t.start()
         assert wait_until(lambda: len(outputs) >= 6, timeout_s=240), (errors, graph.logs()[-3000:])
         before = worker_stats(graph.router)
-        assert before[MOVED].num_transfers == 0  # a prefill worker so far
+        assert not _into(before, "prefill-0", MOVED)  # a prefill worker so far
         decided = time.monotonic()
         answer = _set_role(graph, MOVED, "decode")  # a CLI process: its start-up counts in first_pull_s
         answered = time.monotonic()
         assert answer["ok"] and answer["role"] == "decode", answer
         num_at_switch = len(outputs)
-        # From the decision to the moved worker's first pull as a decode worker (a request must reach it first).
-        assert wait_until(lambda: worker_stats(graph.router)[MOVED].num_transfers > 0, timeout_s=120, interval_s=0.02)
+        # From the decision to the moved worker's first KV as a decode worker (a request must reach it first).
+        assert wait_until(lambda: _into(worker_stats(graph.router), "prefill-0", MOVED), timeout_s=120,
+                          interval_s=0.02)
         first_pull_s, answer_to_pull_s = time.monotonic() - decided, time.monotonic() - answered
         assert wait_until(lambda: len(outputs) >= num_at_switch + 9, timeout_s=240)
         stop.set()
@@ -78,13 +89,18 @@ def test_prefill_worker_moved_to_decode_serves_pulled_kv(tmp_path) -> None:
     finally:
         stop.set()
         graph.stop()
-    print(f"role switch: RoleSet.seconds={answer['seconds']:.4f} set-role CLI start->first pull as decode="
+    print(f"role switch ({mode}): RoleSet.seconds={answer['seconds']:.4f} set-role CLI start->first KV as decode="
           f"{first_pull_s:.3f}s answer->first pull={answer_to_pull_s:.3f}s requests={len(outputs)} "
           f"at switch={num_at_switch}")
     assert not errors, errors[:3]
     moved = after[MOVED]
-    assert moved.num_transfers > 0 and moved.num_transfer_failures == 0
-    assert {t.src_worker_id for t in moved.recent_transfers} == {"prefill-0"}
+    assert moved.num_transfer_failures == 0 and after["prefill-0"].num_transfer_failures == 0
+    assert _into(after, "prefill-0", MOVED)
+    if mode == "pull":  # every READ it made, it made as a decode worker, from the other prefill worker
+        assert moved.num_transfers > 0 and {t.src_worker_id for t in moved.recent_transfers} == {"prefill-0"}
+    else:  # as a prefill worker it WROTE into the decode worker only; as a decode worker it initiates nothing
+        assert {(t.src_worker_id, t.dst_worker_id) for t in moved.recent_transfers} == {(MOVED, "decode-2")}
+        assert {t.dst_worker_id for t in after["prefill-0"].recent_transfers} == {"decode-2", MOVED}
     assert all(num == 16 for _, num in outputs.values())
     # Every output (before, across and after the switch) equals one engine doing both.
     agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1", "--no-kvtier", log_name="agg.log")

@@ -1,4 +1,5 @@
-"""The router learns links from the pulls decode workers report in heartbeats, and routes with them."""
+"""The router learns links from the transfers workers report in heartbeats (decode workers' pulls, prefill workers'
+pushes), and routes with them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from common.protocol import (
 )
 from services.router.cost import CostConfig
 from services.router.policy import PolicyConfig
+from services.router.transfer_samples import link_ends
 from services.router.service import RouterConfig, RouterService
 from services.router.topology import Place, TopologyConfig
 
@@ -119,3 +121,44 @@ def test_unknown_worker_heartbeat_with_samples_is_still_refused() -> None:
     reply = svc.handle(b"x", Heartbeat(worker_id="x", load=WorkerLoad(),
                                        transfers=(TransferSample(seq=1, seconds=1.0, num_bytes=10**6),)))
     assert isinstance(reply, ErrorReply) and reply.code == "not_registered"
+
+
+def test_a_prefill_workers_push_teaches_the_same_link_as_a_pull() -> None:
+    svc = _router()
+    # The pair's first push times the wire-up: it teaches nothing.
+    wire_up = TransferSample(seq=0, seconds=5.0, num_bytes=20_000_000, src_worker_id="p", dst_worker_id="d")
+    assert svc.handle(b"p", Heartbeat(worker_id="p", load=WorkerLoad(), transfers=(wire_up,))) is None
+    # p WROTE 2e7 bytes into d's blocks in 0.02 s (its NIXL telemetry, reported on p's heartbeat), 0.01 s of it
+    # the cross-zone latency: c -> a at 2e9 bytes/s, the link a pull of the same KV crosses.
+    push = TransferSample(seq=1, seconds=0.02, num_bytes=20_000_000, src_worker_id="p", dst_worker_id="d")
+    assert svc.handle(b"p", Heartbeat(worker_id="p", load=WorkerLoad(), transfers=(push,))) is None
+    # A worker that leaves its own id out is the source all the same; a destination that left teaches nothing.
+    unnamed = TransferSample(seq=2, seconds=0.05, num_bytes=20_000_000, dst_worker_id="d")  # 5e8 bytes/s
+    gone = TransferSample(seq=3, seconds=1.0, num_bytes=20_000_000, src_worker_id="p", dst_worker_id="gone")
+    assert svc.handle(b"p", Heartbeat(worker_id="p", load=WorkerLoad(), transfers=(unnamed, gone))) is None
+    assert svc.topology.learned_links() == {}  # two samples: fewer than min_samples
+    # A pull d reported (READ from p, 1e9 bytes/s) lands on the same link: the median of 2e9, 5e8 and 1e9.
+    _beat(svc, (TransferSample(seq=1, seconds=0.04, num_bytes=30_000_000, src_worker_id="p"),))
+    assert svc.topology.learned_links() == {("c", "a"): pytest.approx(1e9)}
+    text = generate_latest(svc.metrics.registry).decode()
+    assert 'splitserve_router_transfer_samples_total{used="yes"} 3.0' in text
+    assert 'splitserve_router_transfer_samples_total{used="no"} 2.0' in text
+    gauge = re.search(r'^splitserve_router_link_bandwidth_bytes_per_second\{dst_node="a",src_node="c"\} (\S+)$',
+                      text, re.M)
+    assert gauge is not None and float(gauge.group(1)) == pytest.approx(1e9)
+
+
+@pytest.mark.parametrize(("reporter", "src", "dst", "ends"), [
+    ("d", "p", "", ("p", "d")),      # a pull d reported: READ from p
+    ("d", "", "", None),             # a pull nobody could attribute
+    ("p", "p", "d", ("p", "d")),     # a push p reported: WROTE into d
+    ("p", "", "d", ("p", "d")),      # a push from a worker that did not name itself
+    ("p", "p", "gone", None),        # its destination has left
+    ("d", "gone", "", None),         # its source has left
+    ("p", "p", "p", None),           # a worker to itself: no link
+])
+def test_link_ends(reporter: str, src: str, dst: str, ends: tuple[str, str] | None) -> None:
+    svc = _router()
+    got = link_ends(svc.registry, reporter, TransferSample(seq=1, seconds=1.0, num_bytes=1, src_worker_id=src,
+                                                           dst_worker_id=dst))
+    assert (None if got is None else (got[0].info.worker_id, got[1].info.worker_id)) == ends

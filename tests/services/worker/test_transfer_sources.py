@@ -1,4 +1,5 @@
-"""Which pulls a heartbeat reports, and the source filled in only where a single one is possible."""
+"""Which transfers a heartbeat reports: a pull's source filled in only where a single one is possible, a push's
+source always this worker."""
 
 from __future__ import annotations
 
@@ -61,3 +62,18 @@ def test_filled_sources_are_remembered_for_stats() -> None:
     sources.started("r3", "p")
     sources.new_samples((sample(1), sample(2)))  # 2 could be from q or p: left unnamed
     assert sources_of(sources.named((sample(1), sample(2), sample(3, "q")))) == [(1, "p"), (2, ""), (3, "q")]
+
+
+def test_a_push_is_from_this_worker_whatever_was_pulling() -> None:
+    # A kv_both worker: it pulled from p (a pull sample then has one possible source) and pushed into d. Its push
+    # names its destination; its source is this worker, never the pull's source.
+    sources = TransferSources("me")
+    sources.started("r1", "p")
+    push = TransferSample(seq=2, seconds=0.01, num_bytes=1000, dst_worker_id="d")
+    got = sources.new_samples((sample(1), push))
+    assert [(s.seq, s.src_worker_id, s.dst_worker_id) for s in got] == [(1, "p", ""), (2, "me", "d")]
+    assert [(s.seq, s.src_worker_id) for s in sources.named((sample(1), push))] == [(1, "p"), (2, "me")]
+    # A worker without an id (tests, tools) leaves a push's source empty rather than guessing.
+    anonymous = TransferSources()
+    anonymous.started("r1", "p")
+    assert [(s.seq, s.src_worker_id) for s in anonymous.new_samples((push,))] == [(2, "")]

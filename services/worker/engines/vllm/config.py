@@ -34,8 +34,9 @@ class VllmEngineConfig:
     # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
     # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
     kv_role: KvRole | None = "both"
-    # The worker may move between prefill and decode in place (SetRole): NixlConnector kv_both always, beside
-    # the kvtier connector when there is one (an aggregated "both" worker with kvtier uses the tier's alone).
+    # The worker may move between prefill and decode in place (SetRole): the NIXL connector (pull or push) with
+    # kv_both always, beside the kvtier connector when there is one (an aggregated "both" worker with kvtier uses
+    # the tier's alone).
     switchable: bool = False
     # How KV moves between a prefill and a decode engine (vLLM 0.32's NIXL connectors): "pull", the decode engine
     # READs the prefill engine's blocks (NixlConnector); "push", the prefill engine WRITEs them into blocks the

@@ -45,6 +45,10 @@ polls transfer states, so every push agent serializes its calls (``NIXL_THREAD_S
 vLLM offers no setting for either, so the engine names this module's class as vLLM's ``worker_extension_cls``:
 vLLM imports it in the worker process before it creates the KV connector, and importing it makes every nixl
 agent built by ``nixl._api.nixl_agent`` take these settings.
+
+3. Push destinations. Importing this module also makes vLLM's push WRITEs name the decode engine they went into,
+in vLLM's NIXL stats (services/worker/engines/vllm/push_peers.py), so a push teaches the router its link as a pull
+does.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ import sys
 import types
 from dataclasses import dataclass
 from typing import Any
+
+from services.worker.engines.vllm.push_peers import tag_vllm_push_writes
 
 QUALNAME = "services.worker.engines.vllm.nixl.SleepingNixlProgressThread"
 TARGET_DELAY_US = 1000
@@ -151,6 +157,7 @@ def _patch() -> bool:
 
 _keep_core()
 _patch()
+tag_vllm_push_writes()
 
 
 class SleepingNixlProgressThread:

@@ -15,6 +15,7 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
+from services.worker.engines.vllm.push_peers import DST_KEY
 from services.worker.engines.vllm.tier.stats import LOADS_KEY
 from services.worker.tier_load_log import TierLoadLog
 from services.worker.transfer_log import TransferLog
@@ -39,7 +40,8 @@ class EngineStatsSink:
         self.kv_cache_usage = 0.0
         self.num_prefix_hit_tokens = 0
         self.prompt_sources = PromptTokenSources()
-        # NIXL connector stats (decode side records the READs it initiated).
+        # NIXL connector stats: the transfers this engine initiated (pull: the decode side's READs; push: the
+        # prefill side's WRITEs).
         self.transfers = TransferLog()
         self.num_transfer_failures = 0
         # kvtier connector loads (services/worker/engines/vllm/tier/stats.py), for the router's tier speeds.
@@ -69,10 +71,13 @@ class EngineStatsSink:
             if isinstance(value, dict):  # MultiConnector (NIXL + kvtier): each child's stats under its name
                 self._record_connector(value)
         durations = data.get("transfer_duration", [])
-        # One entry per READ in each list, in the same order (vLLM's NixlKVConnectorStats.record_transfer).
+        # One entry per transfer in each list, in the same order (vLLM's NixlKVConnectorStats.record_transfer): a
+        # READ this engine pulled, or a WRITE it pushed, whose destination engine push_peers adds (DST_KEY).
+        dsts = data.get(DST_KEY, [])
         for i, seconds in enumerate(durations):
             self.transfers.record(float(seconds), int(_at(data, "bytes_transferred", i)),
-                                  int(_at(data, "num_descriptors", i)), float(_at(data, "post_duration", i)))
+                                  int(_at(data, "num_descriptors", i)), float(_at(data, "post_duration", i)),
+                                  dst_worker_id=str(dsts[i]) if i < len(dsts) else "")
         for tier, num_bytes, seconds in data.get(LOADS_KEY, []):
             self.tier_loads.record("disk" if tier == "disk" else "host", int(num_bytes), float(seconds))
         self.num_transfer_failures += sum(
