@@ -17,8 +17,10 @@ Against oscillation (a workload that flips faster than the pools settle must not
     live signals, not the profile's target: that sizes the whole window's workload, so after a phase change it
     keeps the donor at its old size for most of a window (and a move is cheap to undo by the same rules);
   * hysteresis in time: a pool must be short ``short_intervals`` and the donor spare ``spare_intervals``
-    decisions in a row (the counts restart after every move, which changes both pools): the donor's signals
-    are the ones a blip fools (a queue that happens to be empty); the short pool's are past high water already;
+    readings in a row (the counts restart after every move, which changes both pools): the donor's signals
+    are the ones a blip fools (a queue that happens to be empty); the short pool's are past high water already.
+    The planner takes a reading each interval, and a quarter interval after one that found a move waiting only
+    on these counts (``services.planner.service.next_wait_s``);
   * a minimum dwell: a worker moves only ``min_dwell_s`` after it joined its pool (started or moved), and no
     move goes against the previous one within ``min_dwell_s`` (it would undo it with another worker);
   * at most one move per decision, and none within ``min_gap_s`` of the last;
