@@ -154,6 +154,9 @@ class PlannerService:
         self._state_unswitched = self._state
         self._pending_unswitched = dict(self._pending)
         self._last_obs: Observation | None = None  # the previous interval's (the decode pool's growth)
+        # ... and the one before it: a confirmation measures growth from there (over 0.5 s, one arrival would
+        # project as a phase change).
+        self._growth_base: Observation | None = None
         self._decided: ScaleDecision | None = None  # the last interval's verdict on the windows (confirmations reuse it)
         self._decided_model: ModelTarget | None = None
 
@@ -220,7 +223,8 @@ class PlannerService:
         """One decision from one observation (the loop's body, without I/O). ``record["move"]``: the worker to
         move (the loop sends SetRole, then ``moved`` or ``move_refused``), else None. ``confirm``: an observation
         between intervals that re-reads only the live state: the windows' verdict is the last decision's (its
-        interval counts are not advanced), and the decode pool's growth is still measured from that decision."""
+        interval counts are not advanced), and the decode pool's growth is measured from the observation that
+        decision measured it from (over an interval or more, not the confirmation's fraction of one)."""
         cfg = self.config
         before = self._state
         confirm = confirm and self._decided is not None
@@ -240,7 +244,8 @@ class PlannerService:
             switch = replace(cfg.switch, max_prefill=cfg.policy.max_prefill, max_decode=cfg.policy.max_decode,
                              min_gap_s=max(cfg.switch.min_gap_s, cfg.interval_s))
             if cfg.timing is not None and cfg.live is not None:
-                live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
+                base = self._growth_base if confirm else self._last_obs
+                live = live_pressure(obs, base, cfg.timing, cfg.policy.slo, cfg.live)
                 record["live"] = asdict(live)
                 decision = drop_lagging_model(decision, live, cfg.policy.slo, cfg.live)
                 switch = replace(switch, spare_intervals=cfg.live.spare_intervals)
@@ -262,7 +267,7 @@ class PlannerService:
                 record["no_move"] = switched.choice.reason
         self._pending_unswitched = dict(self._pending)
         if not confirm:
-            self._last_obs = obs
+            self._growth_base, self._last_obs = self._last_obs, obs
         record["requests"] = self._requests(final, obs, now_s)
         return record
 

@@ -159,3 +159,19 @@ def test_members_of_worker_list() -> None:
                                                  info("a", "both", True)),
                         loads=(WorkerLoad(num_running=2, num_waiting=1), WorkerLoad(), WorkerLoad()), draining=("d",))
     assert members_of(listed) == (Member("p", "prefill", True, 3), Member("d", "decode", False, 0, draining=True))
+
+
+def test_a_confirmation_measures_decode_growth_over_the_interval() -> None:
+    """A confirmation half a second after a decision projects the decode pool's growth from the observation
+    that decision measured it from: 4 sequences in 2.5 s, not 0 (or 1 arrival) in 0.5 s."""
+    from services.planner.switch import Member, SwitchConfig
+
+    svc = _service(role_switch=True, interval_s=2.0, timing=TimingModel(),
+                   switch=SwitchConfig(min_dwell_s=0.0, short_intervals=1, spare_intervals=2))
+    members = (Member("p0", "prefill", True), Member("p1", "prefill", True), Member("d0", "decode", True))
+    obs = replace(OBS, num_prefill=2, decode_seqs=0, end_s=0.0)
+    svc.step(obs, now_s=0.0, members=members)
+    svc.step(replace(obs, decode_seqs=4, end_s=2.0), now_s=2.0, members=members)
+    r = svc.step(replace(obs, decode_seqs=4, end_s=2.5), now_s=2.5, members=members, confirm=True)
+    assert r["confirm"] is True
+    assert r["live"]["projected_seqs"] == 4 + 4 / 2.5 * 20.0  # LiveConfig().horizon_s
