@@ -208,7 +208,9 @@ def main() -> int:
         # The switch arm's short/spare signals: latency predicted from live worker state (LiveConfig defaults).
         role_switch_live={"horizon_s": LiveConfig().horizon_s, "short_above_slo_share": LiveConfig().high_water,
                           "spare_below_slo_share_one_less": LiveConfig().low_water,
-                          "spare_intervals": LiveConfig().spare_intervals},
+                          "spare_intervals": LiveConfig().spare_intervals,
+                          # A move waiting only on that hysteresis is confirmed this much later (the 2nd reading).
+                          "confirm_s": args.interval_s / 4},
         worker_seconds="worker processes alive (starting, serving, draining) x seconds, over the load",
         planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
         block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)

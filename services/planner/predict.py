@@ -48,6 +48,9 @@ class LivePressure:
     ttft_one_less_ms: float | None
     projected_seqs: float  # decode sequences expected at the horizon
     decode_short: bool = False
+    # Short at the sequences running now, without the growth projection (which assumes none finish within the
+    # horizon, so it overshoots once a shift's first sequences start finishing).
+    decode_short_now: bool = False
     decode_spare: bool = False
     prefill_short: bool = False
     prefill_spare: bool = False
@@ -116,6 +119,7 @@ def live_pressure(obs: Observation, before: Observation | None, timing: TimingMo
     kv_per_seq = obs.decode_kv_tokens / obs.decode_running if running else isl
     kv = seqs * kv_per_seq
     itl = predicted_itl_ms(timing, seqs, kv, n_d)
+    itl_now = predicted_itl_ms(timing, obs.decode_seqs, obs.decode_seqs * kv_per_seq, n_d)
     itl_less = predicted_itl_ms(timing, seqs, kv, n_d - 1) if n_d > 1 else (math.inf if n_d else None)
     rate = prefill_rate_tokens_per_s(timing, isl, obs.prefill_tokens_per_s)
     ttft = predicted_ttft_ms(obs.prefill_backlog_tokens, isl, n_p, rate)
@@ -124,6 +128,7 @@ def live_pressure(obs: Observation, before: Observation | None, timing: TimingMo
     return LivePressure(
         itl_ms=itl, itl_one_less_ms=itl_less, ttft_ms=ttft, ttft_one_less_ms=ttft_less, projected_seqs=seqs,
         decode_short=itl is not None and itl > slo.itl_ms * hw,
+        decode_short_now=itl_now is not None and itl_now > slo.itl_ms * hw,
         decode_spare=itl_less is not None and itl_less < slo.itl_ms * lw,
         prefill_short=ttft is not None and ttft > slo.ttft_ms * hw,
         prefill_spare=ttft_less is not None and ttft_less < slo.ttft_ms * lw)

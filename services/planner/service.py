@@ -12,7 +12,10 @@ that target until the pool gets there or ``pending_timeout_s`` passes.
 With ``role_switch`` the planner switches first and scales second (``services.planner.switch``): when one pool
 is short and the other has a switchable worker to spare, it sends the router ``SetRole`` (one worker, in
 place, about a second), relays the router's ``RoleSet`` on the PUB socket (orchestrators then count the worker
-in its new pool) and publishes the pools' new sizes; a refused move falls back to scaling.
+in its new pool) and publishes the pools' new sizes; a refused move falls back to scaling. A move that waits only
+for its hysteresis (the pools' live state must say so twice) is confirmed ``confirm_s`` later, not a whole
+interval later (``next_wait_s``): that re-reads the live state and keeps the last decision's window verdicts
+(``decide`` counts intervals), and moves stay at most one per interval (``min_gap_s``).
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ class PlannerServiceConfig:
     # role_switch with a profile: pools' latency predicted from their live state (services.planner.predict).
     live: LiveConfig | None = field(default_factory=LiveConfig)
     set_role_timeout_s: float = 5.0  # the router answers once the worker serves its new role
+    # role_switch: seconds until a move waiting only on hysteresis is confirmed (None: a quarter interval). The
+    # donor must read spare twice; two decisions apart, the first move after a phase change came in the third
+    # interval (bench/results/planner-roles.json, 2.05 intervals).
+    confirm_s: float | None = None
     transport: TransportConfig = field(default_factory=TransportConfig)
 
 
@@ -147,6 +154,11 @@ class PlannerService:
         self._state_unswitched = self._state
         self._pending_unswitched = dict(self._pending)
         self._last_obs: Observation | None = None  # the previous interval's (the decode pool's growth)
+        # ... and the one before it: a confirmation measures growth from there (over 0.5 s, one arrival would
+        # project as a phase change).
+        self._growth_base: Observation | None = None
+        self._decided: ScaleDecision | None = None  # the last interval's verdict on the windows (confirmations reuse it)
+        self._decided_model: ModelTarget | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -164,6 +176,7 @@ class PlannerService:
             if ready is not None:
                 ready.set()
             history: deque[tuple[float, FrontendSnapshot]] = deque()  # (monotonic s, scrape), oldest first
+            confirm = False  # this observation confirms a move the previous one found waiting on hysteresis
             while True:
                 try:
                     now = await self._scrape()
@@ -186,7 +199,7 @@ class PlannerService:
                     continue
                 start_s, start = history[0]
                 obs = replace(observe(start, now, now_s - start_s, workers), end_s=now_s)
-                record = self.step(obs, now_s, members_of(workers))
+                record = self.step(obs, now_s, members_of(workers), confirm=confirm)
                 if record["move"] is not None:
                     await self._set_role(router, pub, record, obs)
                 for msg in record["requests"]:
@@ -196,7 +209,9 @@ class PlannerService:
                         {**record, "move": asdict(record["move"]) if record["move"] is not None else None,
                          "requests": [asdict_request(m) for m in record["requests"]]}) + "\n")
                     decisions.flush()
-                await asyncio.sleep(self.config.interval_s)
+                wait_s = next_wait_s(record.get("no_move"), self.config.interval_s, self.config.confirm_s)
+                confirm = wait_s < self.config.interval_s
+                await asyncio.sleep(wait_s)
         finally:
             if decisions is not None:
                 decisions.close()
@@ -204,22 +219,33 @@ class PlannerService:
             pub.close()
             secure.close()
 
-    def step(self, obs: Observation, now_s: float, members: tuple[Member, ...] = ()) -> dict:
+    def step(self, obs: Observation, now_s: float, members: tuple[Member, ...] = (), confirm: bool = False) -> dict:
         """One decision from one observation (the loop's body, without I/O). ``record["move"]``: the worker to
-        move (the loop sends SetRole, then ``moved`` or ``move_refused``), else None."""
+        move (the loop sends SetRole, then ``moved`` or ``move_refused``), else None. ``confirm``: an observation
+        between intervals that re-reads only the live state: the windows' verdict is the last decision's (its
+        interval counts are not advanced), and the decode pool's growth is measured from the observation that
+        decision measured it from (over an interval or more, not the confirmation's fraction of one)."""
         cfg = self.config
-        model = model_target(cfg.timing, obs, cfg.policy, cfg.plan_options) if cfg.timing is not None else None
         before = self._state
-        decision = decide(obs, before, cfg.policy, model)
+        confirm = confirm and self._decided is not None
+        if confirm:
+            model, decision = self._decided_model, replace(self._decided, state=before)
+        else:
+            model = model_target(cfg.timing, obs, cfg.policy, cfg.plan_options) if cfg.timing is not None else None
+            decision = decide(obs, before, cfg.policy, model)
+            self._decided, self._decided_model = decision, model
         self._state = decision.state
         record: dict = {"time_s": time.time(), "observation": asdict(obs),
-                        "model": asdict(model) if model is not None else None, "move": None}
+                        "model": asdict(model) if model is not None else None, "move": None, "confirm": confirm}
         final = decision
         if cfg.role_switch:
             live = None
-            switch = replace(cfg.switch, max_prefill=cfg.policy.max_prefill, max_decode=cfg.policy.max_decode)
+            # At most one move an interval, confirmations or not.
+            switch = replace(cfg.switch, max_prefill=cfg.policy.max_prefill, max_decode=cfg.policy.max_decode,
+                             min_gap_s=max(cfg.switch.min_gap_s, cfg.interval_s))
             if cfg.timing is not None and cfg.live is not None:
-                live = live_pressure(obs, self._last_obs, cfg.timing, cfg.policy.slo, cfg.live)
+                base = self._growth_base if confirm else self._last_obs
+                live = live_pressure(obs, base, cfg.timing, cfg.policy.slo, cfg.live)
                 record["live"] = asdict(live)
                 decision = drop_lagging_model(decision, live, cfg.policy.slo, cfg.live)
                 switch = replace(switch, spare_intervals=cfg.live.spare_intervals)
@@ -240,7 +266,8 @@ class PlannerService:
             else:
                 record["no_move"] = switched.choice.reason
         self._pending_unswitched = dict(self._pending)
-        self._last_obs = obs
+        if not confirm:
+            self._growth_base, self._last_obs = self._last_obs, obs
         record["requests"] = self._requests(final, obs, now_s)
         return record
 
@@ -299,6 +326,15 @@ class PlannerService:
     async def _scrape(self) -> FrontendSnapshot:
         texts = await asyncio.gather(*(asyncio.to_thread(_get, url) for url in self.config.metrics_urls))
         return merge(parse_metrics(t) for t in texts)
+
+
+def next_wait_s(no_move: str | None, interval_s: float, confirm_s: float | None) -> float:
+    """Seconds until the next observation: ``confirm_s`` (default a quarter interval) when a move waits only on
+    its hysteresis, else the interval."""
+    if no_move != "hysteresis":
+        return interval_s
+    wait_s = interval_s / 4 if confirm_s is None else confirm_s
+    return min(max(wait_s, 0.0), interval_s)
 
 
 def members_of(workers: WorkerList) -> tuple[Member, ...]:

@@ -17,11 +17,17 @@ Against oscillation (a workload that flips faster than the pools settle must not
     live signals, not the profile's target: that sizes the whole window's workload, so after a phase change it
     keeps the donor at its old size for most of a window (and a move is cheap to undo by the same rules);
   * hysteresis in time: a pool must be short ``short_intervals`` and the donor spare ``spare_intervals``
-    decisions in a row (the counts restart after every move, which changes both pools): the donor's signals
-    are the ones a blip fools (a queue that happens to be empty); the short pool's are past high water already;
+    readings in a row (the counts restart after every move, which changes both pools): the donor's signals
+    are the ones a blip fools (a queue that happens to be empty); the short pool's are past high water already.
+    The planner takes a reading each interval, and a quarter interval after one that found a move waiting only
+    on these counts (``services.planner.service.next_wait_s``);
   * a minimum dwell: a worker moves only ``min_dwell_s`` after it joined its pool (started or moved), and no
     move goes against the previous one within ``min_dwell_s`` (it would undo it with another worker);
   * at most one move per decision, and none within ``min_gap_s`` of the last;
+  * in amplitude: a pool short only by the live prediction's growth projection (``PoolPressure.projected``)
+    takes one worker on it, not a second within ``min_dwell_s``: the projection assumes no sequence finishes
+    within its horizon, so while a shift ramps up it asks for more than the shift's steady state (it moved 3
+    workers into decode where 2 serve, and the starved prefill pool then started one);
   * never the last worker of a pool (``min_prefill`` / ``min_decode``), nor one more than a pool may hold
     (``max_prefill`` / ``max_decode``: the scale policy would drain it straight back).
 """
@@ -49,6 +55,7 @@ WAIT_REASONS = frozenset({"hysteresis", "dwell", "gap", "reversal"})
 class PoolPressure:
     short: tuple[str, ...] = ()  # the signals that want another worker here ("itl", "prefill_queue", ...)
     spare: bool = False  # one worker fewer would still meet the SLO
+    projected: bool = False  # short only by the live prediction's growth projection (no signal at today's load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +120,8 @@ class Move:
 
 @dataclass(frozen=True, slots=True)
 class NoMove:
-    # no_shortage | both_short | full | no_spare | last_worker | not_switchable | refused (scale instead);
+    # no_shortage | both_short | full | projected | no_spare | last_worker | not_switchable | refused (scale
+    # instead);
     # hysteresis | dwell | gap | reversal (a move is on its way: wait for it)
     reason: str
     pool: Role | None = None  # the short pool, where there is one
@@ -155,6 +163,7 @@ def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConf
     if live is not None:
         p_short += ("ttft_pred",) if live.prefill_short else ()
         d_short += ("itl_pred",) if live.decode_short else ()
+    d_projected = tuple(d_short) == ("itl_pred",) and live is not None and not live.decode_short_now
     n_p, n_d = obs.num_prefill, obs.num_decode
     p_spare = (not p_short and n_p > switch.min_prefill and not ttft_near
                and after_one_less(obs.prefill_waiting, n_p) < switch.spare_queue
@@ -164,7 +173,7 @@ def pool_pressure(obs: Observation, decision: ScaleDecision, config: PlannerConf
                and after_one_less(obs.decode_waiting, n_d) < switch.spare_queue
                and obs.decode_kv_usage * n_d / max(1, n_d - 1) < config.kv_high * config.low_water / hw
                and (live is None or live.decode_spare))
-    return Pressure(PoolPressure(tuple(p_short), p_spare), PoolPressure(tuple(d_short), d_spare))
+    return Pressure(PoolPressure(tuple(p_short), p_spare), PoolPressure(tuple(d_short), d_spare, d_projected))
 
 
 def track_tenures(members: Sequence[Member], tenures: Sequence[Tenure], now_s: float) -> tuple[Tenure, ...]:
@@ -201,6 +210,9 @@ def choose_move(pressure: Pressure, members: Sequence[Member], state: SwitchStat
     num_to = sum(m.role == to and not m.draining for m in members)
     if num_to >= (config.max_prefill if to == "prefill" else config.max_decode):
         return no("full", to)
+    if (pressure.of(to).projected and state.last_move_to == to
+            and now_s - state.last_move_s < config.min_dwell_s):
+        return no("projected", to)
     live = [m for m in members if m.role == src and not m.draining]
     if len(live) <= (config.min_prefill if src == "prefill" else config.min_decode):
         return no("last_worker", to)

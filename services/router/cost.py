@@ -12,8 +12,11 @@ The cheapest remote worker is chosen on the whole sum (among near-equal ones, th
 when its prompt's own work there (compute + move) costs more than computing the prompt on the decode worker
 (``queue_aware_local``: the queues count too).
 
-Rates are what the worker measured (``WorkerLoad.prefill_tokens_per_s``), else the configured default (seeded
-from a profile). KV bytes per token come from the worker's registration. Pure functions of their arguments:
+Rates are what the worker measured (``WorkerLoad.prefill_tokens_per_s``), else what its peers measured (the
+median of the candidates that report one: the same model on the same engine), else the configured default (seeded
+from a profile). A decode worker in a P/D graph prefills one token a request and so never measures a rate: priced
+at the default while its peers measure theirs, a default faster than they turned out to be made every prompt "local
+cheaper" and stalled its decode streams for whole prefills until a local one had measured it. KV bytes per token come from the worker's registration. Pure functions of their arguments:
 the topology is only read.
 """
 
@@ -83,6 +86,8 @@ class Site:
     kv_bytes_per_token: int = 0
     # Prompt tokens this worker need not compute (tier-weighted prefix credit * block size).
     num_cached_tokens: int = 0
+    # Tokens/s its peers measured (``typical_rate``; 0: none did), assumed while it measured none of its own.
+    peer_tokens_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,25 @@ class PrefillChoice:
     transfer_s: float = 0.0
 
 
-def prefill_rate(load: WorkerLoad, config: CostConfig) -> float:
-    rate = load.prefill_tokens_per_s
-    return rate if 0 < rate < float("inf") else config.prefill_tokens_per_s
+def _measured(rate: float) -> bool:
+    return 0 < rate < float("inf")
+
+
+def prefill_rate(load: WorkerLoad, config: CostConfig, peer_tokens_per_s: float = 0.0) -> float:
+    """The worker's measured prefill tokens/s, else its peers' (``peer_tokens_per_s``), else the default."""
+    for rate in (load.prefill_tokens_per_s, peer_tokens_per_s):
+        if _measured(rate):
+            return rate
+    return config.prefill_tokens_per_s
+
+
+def typical_rate(loads: Sequence[WorkerLoad]) -> float:
+    """The median prefill rate among the workers that measured one; 0 when none did."""
+    measured = sorted(load.prefill_tokens_per_s for load in loads if _measured(load.prefill_tokens_per_s))
+    if not measured:
+        return 0.0
+    mid = len(measured) // 2
+    return measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
 
 
 def queued_tokens(load: WorkerLoad, config: CostConfig) -> int:
@@ -112,7 +133,7 @@ def queued_tokens(load: WorkerLoad, config: CostConfig) -> int:
 def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig, with_queue: bool = True) -> float:
     uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
     queued = queued_tokens(decode.load, config) if with_queue else 0
-    compute_s = (queued + uncached) / prefill_rate(decode.load, config)
+    compute_s = (queued + uncached) / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
     return compute_s * (config.local_prefill_factor + config.decode_interference_per_stream * decode.load.num_running)
 
 
@@ -130,7 +151,7 @@ class RemoteCost(NamedTuple):
 def remote_prefill(num_prompt_tokens: int, prefill: Site, decode: Site, topology: Topology,
                    config: CostConfig) -> RemoteCost:
     """Prefill on ``prefill`` for ``decode``, in seconds. The decode worker pulls only what it lacks."""
-    rate = prefill_rate(prefill.load, config)
+    rate = prefill_rate(prefill.load, config, prefill.peer_tokens_per_s)
     uncached = max(num_prompt_tokens - prefill.num_cached_tokens, 0)
     bytes_per_token = prefill.kv_bytes_per_token or decode.kv_bytes_per_token or config.kv_bytes_per_token
     num_bytes = max(num_prompt_tokens - decode.num_cached_tokens, 0) * bytes_per_token
@@ -182,7 +203,7 @@ def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_si
     decode_reps = _best_per_place(decode_sites, lambda s: (_load_key(s.load), s.worker_id))
     def own_work_s(site: Site) -> float:  # queue + compute: all that differs between workers at one place
         uncached = max(num_prompt_tokens - site.num_cached_tokens, 0)
-        return (queued_tokens(site.load, config) + uncached) / prefill_rate(site.load, config)
+        return (queued_tokens(site.load, config) + uncached) / prefill_rate(site.load, config, site.peer_tokens_per_s)
 
     prefill_reps = _best_per_place(prefill_sites, lambda s: (own_work_s(s), _load_key(s.load), s.worker_id))
     pairs = []

@@ -16,7 +16,7 @@ from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 from services.router.cost import (CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, prefill_rate,
-                                  queued_tokens)
+                                  queued_tokens, typical_rate)
 from services.router.index import TierOverlap
 from services.router.tier_credit import TierConfig, tier_credit
 from services.router.topology import Place, Relation, Topology
@@ -238,11 +238,9 @@ def rate_scales(loads: Sequence[WorkerLoad]) -> list[float] | None:
     RATE_JITTER of the median a worker counts as typical: a measured rate moves by a few percent with each
     step's decode share, and that noise must not outvote the load tie-break between equal workers."""
     rates = [load.prefill_tokens_per_s for load in loads]
-    measured = sorted(r for r in rates if 0 < r < math.inf)
-    if not measured:
+    typical = typical_rate(loads)
+    if not typical:
         return None
-    mid = len(measured) // 2
-    typical = measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
     scales = [typical / r if 0 < r < math.inf else 1.0 for r in rates]
     return [scale if abs(scale - 1.0) > RATE_JITTER else 1.0 for scale in scales]
 
@@ -310,8 +308,10 @@ class Policy:
             decode = self._pair_among_equals(decode, decode_candidates, prefill_candidates, overlaps,
                                              num_prompt_tokens, num_blocks, block_size)
         by_id = {c.worker_id: c for c in (*decode_candidates, *prefill_candidates)}
+        # A worker that measured no prefill rate (a decode worker never does) is priced at its peers' rate.
+        peer_rate = typical_rate([c.load for c in by_id.values()])
         cached_on_decode = _cached_tokens(overlaps.get(decode.worker_id), block_size, num_prompt_tokens)
-        decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config)
+        decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config, peer_rate)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
         decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config)
@@ -325,7 +325,7 @@ class Policy:
             self._rr_prefill += 1
             cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
             return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
-        sites = [_site(c, overlaps, block_size, config) for c in open_pool]
+        sites = [_site(c, overlaps, block_size, config, peer_rate) for c in open_pool]
         priced = choose_prefill(num_prompt_tokens, decode_site, sites, self.topology, config.cost)
         if priced.worker_id is None:
             return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
@@ -352,21 +352,23 @@ class Policy:
         ties = [s for s in scored if s[0] == decode.cost]
         if len(ties) < 2:
             return decode
-        open_pool = [_site(c, overlaps, block_size, config) for c in prefill_candidates
+        peer_rate = typical_rate([c.load for c in (*decode_candidates, *prefill_candidates)])
+        open_pool = [_site(c, overlaps, block_size, config, peer_rate) for c in prefill_candidates
                      if c.load.num_waiting < config.prefill_queue_limit]
-        pair = choose_pair(num_prompt_tokens, [_site(c, overlaps, block_size, config) for _, _, c in ties], open_pool,
-                           self.topology, config.cost)
+        decode_sites = [_site(c, overlaps, block_size, config, peer_rate) for _, _, c in ties]
+        pair = choose_pair(num_prompt_tokens, decode_sites, open_pool, self.topology, config.cost)
         _, credit, _ = next(s for s in ties if s[2].worker_id == pair.decode_worker_id)
         return Choice(pair.decode_worker_id, decode.cost, credit, decode.reason, decode.best_overlap_blocks,
                       decode.all_busy)
 
 
-def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig) -> Site:
+def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig,
+          peer_rate: float = 0.0) -> Site:
     overlap = overlaps.get(candidate.worker_id)
     credit = 0.0 if overlap is None else _credit(candidate.load, candidate.kv_bytes_per_token, overlap, block_size,
                                                  config)
     return Site(candidate.worker_id, candidate.load, Place(candidate.node, candidate.zone),
-                candidate.kv_bytes_per_token, int(credit * block_size))
+                candidate.kv_bytes_per_token, int(credit * block_size), peer_rate)
 
 
 def _cached_tokens(overlap: TierOverlap | None, block_size: int, num_prompt_tokens: int) -> int:

@@ -270,6 +270,9 @@ class RouterService:
         if local and self._tier_info and (decode_entry := self.registry.get(choice.decode_worker_id)) is not None:
             tier = self._remote_tier(decode_entry, hashes, len(req.token_ids), block_size)
         self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
+        log.debug("route_chosen", request_id=req.request_id, decode=choice.decode_worker_id,
+                  prefill=choice.prefill_worker_id, reason=choice.reason, predicted_s=round(choice.predicted_s, 4),
+                  num_prompt_tokens=len(req.token_ids))
         return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
                      num_cached_tokens_predicted=choice.num_cached_tokens_predicted, kvtier_remote=tier)
 

@@ -107,6 +107,21 @@ def test_live_pressure(change, before, verdict) -> None:
     assert (live.decode_short, live.decode_spare, live.prefill_short, live.prefill_spare) == verdict
 
 
+def test_decode_short_now_reads_todays_sequences() -> None:
+    """Filling at +2/s, 4 sequences now: short at the projection (24 in 10 s), not at today's 4; marked so."""
+    obs = replace(OBS, decode_seqs=4, decode_running=4, decode_kv_tokens=4000)
+    live = live_pressure(obs, replace(obs, decode_seqs=0, end_s=98.0), TIMING, SLO, LIVE)
+    assert (live.decode_short, live.decode_short_now) == (True, False)
+    policy = PlannerConfig(slo=SLO)
+    pressure = pool_pressure(obs, decide(obs, PlannerState(), policy), policy, SwitchConfig(), live=live)
+    assert pressure.decode.projected
+    # 24 sequences running now: short either way, and not only by the projection.
+    full = replace(OBS, decode_seqs=24, decode_running=24, decode_kv_tokens=24000)
+    live = live_pressure(full, full, TIMING, SLO, LIVE)
+    assert (live.decode_short, live.decode_short_now) == (True, True)
+    assert not pool_pressure(full, decide(full, PlannerState(), policy), policy, SwitchConfig(), live=live).decode.projected
+
+
 def test_pool_pressure_adds_live_signals() -> None:
     policy = PlannerConfig(slo=SLO)
     obs = replace(OBS, decode_seqs=4, decode_running=4, decode_kv_tokens=4000)

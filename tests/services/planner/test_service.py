@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from common.timing import TimingModel
 from services.planner.policy import Observation, PlannerConfig, PoolDecision
 from services.planner.service import (
@@ -12,6 +14,7 @@ from services.planner.service import (
     PlannerServiceConfig,
     hold_pending,
     model_target,
+    next_wait_s,
 )
 from services.planner.workload import Slo
 
@@ -101,6 +104,48 @@ def test_role_switch_step_moves_instead_of_starting() -> None:
     assert [(m.pool, m.target, m.reason) for m in r["requests"]] == [("prefill", 2, ""), ("decode", 2, "itl")]
 
 
+@pytest.mark.parametrize(("no_move", "confirm_s", "expected"), [
+    (None, None, 2.0),  # a move, or the loop's first observations
+    ("no_spare", None, 2.0),
+    ("dwell", 0.5, 2.0),  # waits on time, not on evidence: re-reading sooner says nothing new
+    ("hysteresis", None, 0.5),  # a quarter interval
+    ("hysteresis", 0.25, 0.25),
+    ("hysteresis", 5.0, 2.0),  # never longer than the interval
+])
+def test_next_wait_s(no_move: str | None, confirm_s: float | None, expected: float) -> None:
+    assert next_wait_s(no_move, 2.0, confirm_s) == expected
+
+
+def test_a_move_waiting_on_hysteresis_is_confirmed_between_intervals() -> None:
+    """The donor must read spare twice: the confirming observation moves the worker, reusing the interval's
+    window verdict (its quiet counts are not advanced) and measuring growth from the interval's observation;
+    moves stay one per interval."""
+    from services.planner.switch import Member, Move, SwitchConfig
+
+    svc = _service(role_switch=True, interval_s=2.0,
+                   switch=SwitchConfig(min_dwell_s=0.0, short_intervals=1, spare_intervals=2))
+    members = (Member("p0", "prefill", True), Member("p1", "prefill", True, num_busy=2), Member("p2", "prefill", True),
+               Member("d0", "decode", True))
+    obs = replace(OBS, num_prefill=3, itl_p90_ms=95, end_s=0.0)  # ITL near its SLO; TTFT fine, queues empty
+    r1 = svc.step(obs, now_s=0.0, members=members)
+    assert (r1["move"], r1["no_move"], r1["confirm"]) == (None, "hysteresis", False)
+    state = svc._state
+    r2 = svc.step(replace(obs, end_s=0.5), now_s=0.5, members=members, confirm=True)
+    assert r2["confirm"] is True and r2["move"] == Move("p0", "prefill", "decode", ("itl",))
+    assert (svc._state.quiet_prefill, svc._state.quiet_decode) == (state.quiet_prefill, state.quiet_decode)
+    assert svc._last_obs.end_s == 0.0
+    # Still short and spare one interval later: the next move waits out the interval since the last.
+    members = (Member("p1", "prefill", True, num_busy=2), Member("p2", "prefill", True), Member("p0", "decode", True),
+               Member("d0", "decode", True))
+    later = replace(obs, num_prefill=2, num_decode=2)
+    r3 = svc.step(replace(later, end_s=2.0), now_s=2.0, members=members)
+    assert r3["no_move"] == "hysteresis"  # the move reset both pools' streaks
+    r4 = svc.step(replace(later, end_s=2.4), now_s=2.4, members=members, confirm=True)
+    assert r4["no_move"] == "gap"  # 2.4 s after the last move < min_gap_s = the interval
+    r5 = svc.step(replace(later, end_s=4.5), now_s=4.5, members=members)
+    assert isinstance(r5["move"], Move)
+
+
 def test_members_of_worker_list() -> None:
     from common.protocol import WorkerInfo, WorkerList, WorkerLoad
     from services.planner.service import members_of
@@ -114,3 +159,19 @@ def test_members_of_worker_list() -> None:
                                                  info("a", "both", True)),
                         loads=(WorkerLoad(num_running=2, num_waiting=1), WorkerLoad(), WorkerLoad()), draining=("d",))
     assert members_of(listed) == (Member("p", "prefill", True, 3), Member("d", "decode", False, 0, draining=True))
+
+
+def test_a_confirmation_measures_decode_growth_over_the_interval() -> None:
+    """A confirmation half a second after a decision projects the decode pool's growth from the observation
+    that decision measured it from: 4 sequences in 2.5 s, not 0 (or 1 arrival) in 0.5 s."""
+    from services.planner.switch import Member, SwitchConfig
+
+    svc = _service(role_switch=True, interval_s=2.0, timing=TimingModel(),
+                   switch=SwitchConfig(min_dwell_s=0.0, short_intervals=1, spare_intervals=2))
+    members = (Member("p0", "prefill", True), Member("p1", "prefill", True), Member("d0", "decode", True))
+    obs = replace(OBS, num_prefill=2, decode_seqs=0, end_s=0.0)
+    svc.step(obs, now_s=0.0, members=members)
+    svc.step(replace(obs, decode_seqs=4, end_s=2.0), now_s=2.0, members=members)
+    r = svc.step(replace(obs, decode_seqs=4, end_s=2.5), now_s=2.5, members=members, confirm=True)
+    assert r["confirm"] is True
+    assert r["live"]["projected_seqs"] == 4 + 4 / 2.5 * 20.0  # LiveConfig().horizon_s

@@ -115,6 +115,25 @@ def test_no_move_into_a_full_pool() -> None:
     assert isinstance(second.choice, Move)
 
 
+@pytest.mark.parametrize("last_move_to, ago_s, projected, moves", [
+    ("decode", 10.0, True, False),  # a second worker toward decode on the growth projection alone: no
+    ("decode", 10.0, False, True),  # ... on today's load (or a window signal): yes
+    ("decode", 40.0, True, True),  # the first move's dwell is over: the projection may move one again
+    ("prefill", 40.0, True, True),  # the first toward decode in a while: the projection is the early warning
+    (None, 0.0, True, True),
+])
+def test_a_projected_shortage_moves_one_worker(last_move_to, ago_s, projected, moves) -> None:
+    """A pool short only by the growth projection (which assumes no sequence finishes within its horizon, so it
+    overshoots a ramp's steady state) takes one worker on it, not a second within the dwell."""
+    pressure = replace(SHORT_D, decode=PoolPressure(short=("itl_pred",), projected=projected))
+    state = replace(SETTLED, last_move_s=-ago_s, last_move_to=last_move_to)
+    _, second = _twice(pressure, state=state)
+    if moves:
+        assert isinstance(second.choice, Move)
+    else:
+        assert second.choice == NoMove("projected", "decode") and not second.choice.wait
+
+
 def test_dwell_gap_and_reversal() -> None:
     # Workers that joined their pool 10 s ago (just started, or just moved) stay for min_dwell_s.
     fresh = SwitchState(tenures=tuple(Tenure(m.worker_id, m.role, -10.0) for m in MEMBERS))

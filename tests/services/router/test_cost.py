@@ -21,6 +21,7 @@ from services.router.cost import (
     choose_pair,
     choose_prefill,
     queued_tokens,
+    typical_rate,
 )
 from services.router.topology import Place, Topology, TopologyConfig
 
@@ -166,6 +167,42 @@ def test_few_decode_streams_keep_the_slow_link_local() -> None:
     decode = site("d", A1, kv=10_000, load=WorkerLoad(num_running=4, num_waiting_tokens=0))
     choice = choose_prefill(PROMPT, decode, [site("p", C2, kv=10_000)], Topology(TOPOLOGY), CONFIG)
     assert same(choice, PrefillChoice(None, 3.8, "local_cheaper", 3.8))
+
+
+MEASURED_500 = WorkerLoad(num_waiting_tokens=0, prefill_tokens_per_s=500.0)
+
+
+@pytest.mark.parametrize(
+    ("peer_rate", "expected"),
+    [
+        # A decode worker that measured no rate, at the default 1,000 tokens/s: local 2.0 * 1.5 = 3.0 s beats the
+        # prefill worker's measured 500 tokens/s (4.0 + 0.003 s), though the decode worker runs the same engine.
+        (0.0, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+        # At its peers' 500 tokens/s: local 4.0 * 1.5 = 6.0 s; remote 4.003 s.
+        (500.0, PrefillChoice("p", 4.003, "remote", 6.0, "same_node", 0.003)),
+    ],
+)
+def test_an_unmeasured_decode_worker_is_priced_at_its_peers_rate(peer_rate: float, expected: PrefillChoice) -> None:
+    decode = replace(DECODE_A, peer_tokens_per_s=peer_rate)
+    prefill = site("p", A1, load=MEASURED_500)
+    assert same(choose_prefill(PROMPT, decode, [prefill], Topology(TOPOLOGY), CONFIG), expected)
+
+
+def test_a_measured_rate_outranks_the_peers() -> None:
+    decode = site("d", A1, load=WorkerLoad(num_waiting_tokens=0, prefill_tokens_per_s=2000.0))
+    decode = replace(decode, peer_tokens_per_s=500.0)
+    # Local at its own 2,000 tokens/s: 1.0 * 1.5 = 1.5 s < remote 4.003 s.
+    choice = choose_prefill(PROMPT, decode, [site("p", A1, load=MEASURED_500)], Topology(TOPOLOGY), CONFIG)
+    assert same(choice, PrefillChoice(None, 1.5, "local_cheaper", 1.5))
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [([], 0.0), ([0.0, 0.0], 0.0), ([0.0, 800.0], 800.0), ([900.0, 0.0, 700.0], 800.0),
+     ([1000.0, 500.0, 600.0, float("inf")], 600.0)],
+)
+def test_typical_rate(rates: list[float], expected: float) -> None:
+    assert typical_rate([WorkerLoad(prefill_tokens_per_s=r) for r in rates]) == expected
 
 
 @pytest.mark.parametrize(

@@ -235,6 +235,18 @@ def test_route_both_worker_is_not_its_own_remote_prefill() -> None:
     assert (choice.decode_worker_id, choice.prefill_worker_id) == ("b1", "p1")
 
 
+def test_route_prices_an_unmeasured_decode_worker_at_its_peers_rate() -> None:
+    # The prefill worker measured 1,270 tokens/s; the decode worker none (it never prefills). At the default
+    # 2,000 tokens/s, 2,048 tokens local cost 1.02 * 1.5 = 1.54 s < 1.61 s remote: every prompt went local and
+    # stalled the decode streams. At the peer's rate local is 2.42 s: remote.
+    policy = Policy(PolicyConfig(cost=CostConfig(prefill_tokens_per_s=2000.0)))
+    prefill = Candidate("p1", WorkerLoad(num_free_blocks=100, num_total_blocks=100, num_waiting_tokens=0,
+                                         prefill_tokens_per_s=1270.0))
+    decode = Candidate("d1", WorkerLoad(num_free_blocks=100, num_total_blocks=100, num_waiting_tokens=0))
+    choice = route(policy, 2048, [decode], [prefill], {})
+    assert (choice.prefill_worker_id, choice.reason) == ("p1", "remote")
+
+
 def test_route_partial_block_counts_as_work() -> None:
     # 20 tokens: 1 full block hashed, 2 blocks of work. Fully cached full block -> cost 1 on w1.
     choice = Policy(KV).choose_route(HASHES[:1], 20, BS, [cand("w1"), cand("w2")], [], {"w1": dev(1)})
