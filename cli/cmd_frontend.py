@@ -69,6 +69,7 @@ def frontend(
     index = process_index()
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
+    from services.frontend.heap import settle_heap
     from services.frontend.pipeline import PipelineConfig
     from services.frontend.service import FrontendConfig, FrontendService
 
@@ -84,4 +85,6 @@ def frontend(
         api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,
         open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads,
         metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host)
-    run_service(FrontendService(config).run)
+    service = FrontendService(config)
+    settle_heap()  # what startup built stays for good: no collection walks it again
+    run_service(service.run)
