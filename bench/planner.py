@@ -196,7 +196,7 @@ def main() -> int:
     args.start_given = tuple(int(n) for n in args.start.split(",")) if args.start else None
     args.start = tuple(int(n) for n in (args.start or ("3,1" if phase_change else "1,1")).split(","))
     args.fixed = tuple(int(n) for n in args.fixed.split(","))
-    args.itl_ms = args.itl_ms or (35.0 if phase_change else 25.0)
+    args.itl_ms_given, args.itl_ms = args.itl_ms, args.itl_ms or (35.0 if phase_change else 25.0)
     profile_doc = json.loads(args.profile.read_text())
     if args.mock_start_s is None:
         args.mock_start_s = round(profile_doc.get("conditions", {}).get("engine_start_s", 0.0) / args.speedup, 1)

@@ -2,7 +2,8 @@
 arguments, its conditions, and the decision-to-serving time of started workers.
 
 The phase-change workload is sized from a vLLM profile (``bench/profiles/vllm-100m-cpu.json``: one engine per
-core) so that each phase needs a pool the fixed 1P + 1D graph does not have, at an SLO that lies between what
+core; its times divided by ``--vllm-timing-scale``, measured on a fixed 1P + 1D run here: the profile was taken
+on a busier machine) so that each phase needs a pool the fixed 1P + 1D graph does not have, at an SLO that lies between what
 one and two engines of the short pool give:
   * prefill-heavy: long prompts, short answers, at ``prefill_load`` x one prefill engine's capacity (> 1: one
     engine's queue grows without bound, two engines share it);
@@ -16,6 +17,7 @@ prefill-heavy prompt. Pure functions, table-tested in tests/bench/test_planner_v
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -33,6 +35,14 @@ class Sizing(NamedTuple):
     predicted: dict[str, float]  # what the profile predicts for each phase on one and two engines of its pool
 
 
+def scaled_timing(timing: TimingModel, prefill: float, decode_base: float, decode_slope: float) -> TimingModel:
+    """``timing`` with its prefill, decode-base and decode per-sequence/per-token terms divided by these."""
+    return dataclasses.replace(timing, prefill_coeffs_s=tuple(c / prefill for c in timing.prefill_coeffs_s),
+                               decode_base_s=timing.decode_base_s / decode_base,
+                               decode_per_seq_s=timing.decode_per_seq_s / decode_slope,
+                               decode_per_kv_token_s=timing.decode_per_kv_token_s / decode_slope)
+
+
 def _decode_line(timing: TimingModel, context: float) -> tuple[float, float]:
     """A decode step's seconds as ``base + slope x batch`` at ``context`` tokens per sequence."""
     return timing.decode_base_s, timing.decode_per_seq_s + timing.decode_per_kv_token_s * context
@@ -48,9 +58,9 @@ def steady_tpot_s(timing: TimingModel, tokens_per_s: float, context: float) -> f
     return None if load >= 1.0 else base / (1.0 - load)
 
 
-def size_phase_change(timing: TimingModel, *, prefill_isl: int = 1024, prefill_osl: int = 16,
-                      prefill_load: float = 1.1, decode_isl: int = 320, decode_osl: int = 384,
-                      decode_load: float = 0.75, ttft_slo_x: float = 3.0) -> Sizing:
+def size_phase_change(timing: TimingModel, *, prefill_isl: int = 1024, prefill_osl: int = 8,
+                      prefill_load: float = 1.0, decode_isl: int = 320, decode_osl: int = 384,
+                      decode_load: float = 0.8, ttft_slo_x: float = 4.0) -> Sizing:
     """The phase-change workload and SLO for engines with ``timing`` (see the module docstring)."""
     if not (prefill_load > 0 and 0 < decode_load < 1):
         raise ValueError(f"prefill_load must be > 0 and decode_load in (0, 1): {prefill_load}, {decode_load}")
@@ -91,11 +101,14 @@ def start_to_serving(actions: Sequence[dict[str, Any]], pools: Sequence[dict[str
 def add_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("--engine vllm (real engines; the phase-change workload sized from --profile)")
     g.add_argument("--vllm-model", type=Path, default=None, help="default: models/tiny-100m (the profile's model)")
-    g.add_argument("--vllm-prefill-load", type=float, default=1.1,
+    g.add_argument("--vllm-timing-scale", default="1.5,0.9,1.55",
+                   help="PREFILL,DECODE_BASE,DECODE_SLOPE: profile time / these = this machine's engine (measured: "
+                   "fixed 1P + 1D, TTFT and TPOT vs the profile's predictions)")
+    g.add_argument("--vllm-prefill-load", type=float, default=1.0,
                    help="prefill-heavy rate as a share of one prefill engine's capacity")
-    g.add_argument("--vllm-decode-load", type=float, default=0.75,
+    g.add_argument("--vllm-decode-load", type=float, default=0.8,
                    help="decode-heavy rate as a share of one decode engine's saturation")
-    g.add_argument("--vllm-ttft-slo-x", type=float, default=3.0, help="TTFT SLO in prefill-heavy prefill times")
+    g.add_argument("--vllm-ttft-slo-x", type=float, default=4.0, help="TTFT SLO in prefill-heavy prefill times")
     g.add_argument("--vllm-kv-transfer", default="pull", help="every arm's workers: switchable (kv_both), this")
 
 
@@ -103,12 +116,13 @@ def configure(args: argparse.Namespace, repo: Path) -> Sizing:
     """Sets ``args`` for real engines: model, phases, pools, SLO (unless given); returns the sizing."""
     from common.profile import load_timing
 
-    sizing = size_phase_change(load_timing(args.profile), prefill_load=args.vllm_prefill_load,
+    scale = [float(x) for x in args.vllm_timing_scale.split(",")]
+    sizing = size_phase_change(scaled_timing(load_timing(args.profile), *scale), prefill_load=args.vllm_prefill_load,
                                decode_load=args.vllm_decode_load, ttft_slo_x=args.vllm_ttft_slo_x)
     args.model = args.vllm_model or repo / "models" / "tiny-100m"
     args.phases = sizing.phases
     args.ttft_ms = args.ttft_ms if args.ttft_ms_given else sizing.ttft_ms
-    args.itl_ms = args.itl_ms or sizing.tpot_ms
+    args.itl_ms = args.itl_ms_given or sizing.tpot_ms
     # Three engines on two cores at most: 2P + 1D for the prefill-heavy phase, 1P + 2D is one move away.
     args.start = args.start or (2, 1)
     args.max_prefill, args.max_decode, args.max_workers = 2, 2, 3
@@ -135,12 +149,14 @@ def conditions(args: argparse.Namespace, sizing: Sizing, repo: Path) -> dict[str
             "kv_transfer": f"{args.vllm_kv_transfer} (NixlConnector)", "enforce_eager": True,
             "cores": "2; worker i pinned to core i % 2 (3 engines: two share a core); control plane on a prefill "
                      "engine's core; OMP_NUM_THREADS=1",
-            "max_workers": args.max_workers, "sizing": {"prefill_load": args.vllm_prefill_load,
+            "max_workers": args.max_workers, "sizing": {"timing_scale": args.vllm_timing_scale,
+                                                         "prefill_load": args.vllm_prefill_load,
                                                          "decode_load": args.vllm_decode_load,
                                                          "ttft_slo_x": args.vllm_ttft_slo_x,
                                                          "predicted": sizing.predicted},
             "slo_from": "TPOT: geometric mean of the profile's steady TPOT on one and on two decode engines in "
-                        "decode_heavy; TTFT: ttft_slo_x x the profile's prefill time of the prefill_heavy prompt"}
+                        "decode_heavy; TTFT: ttft_slo_x x the profile's prefill time of the prefill_heavy prompt (profile / "
+                        "timing_scale)"}
 
 
 def merge(paths: Sequence[Path], out: Path) -> dict[str, Any]:

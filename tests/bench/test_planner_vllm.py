@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.lib.planner_vllm import size_phase_change, start_to_serving, steady_tpot_s
+from bench.lib.planner_vllm import scaled_timing, size_phase_change, start_to_serving, steady_tpot_s
 from common.timing import TimingModel
 
 # Round numbers: prefill 0.1 s + 1 ms/token; decode step 20 ms + 1 ms/sequence (no context term).
@@ -54,3 +54,9 @@ def test_start_to_serving() -> None:
     assert start_to_serving(actions, pools) == [
         {"t_s": 10.0, "pool": "decode", "target": 2, "serving_after_s": 31.5},
         {"t_s": 50.0, "pool": "prefill", "target": 3, "serving_after_s": None}]
+
+
+def test_scaled_timing_divides_each_term() -> None:
+    t = scaled_timing(TIMING, prefill=2.0, decode_base=0.5, decode_slope=4.0)
+    assert t.prefill_s(900) == pytest.approx(0.5)
+    assert t.decode_s(8, 0) == pytest.approx(0.040 + 0.002)  # base 20 ms / 0.5, 8 x 1 ms / 4
