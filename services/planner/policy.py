@@ -127,13 +127,19 @@ def _quiet(value: float | None, limit: float, share: float) -> bool:
     return value is None or value < limit * share
 
 
+def pools_changed_s(obs: Observation, state: PlannerState) -> tuple[float, float]:
+    """When each pool last changed (prefill, decode): now if its observed size differs from the last
+    decision's, else when its target last changed."""
+    return (obs.end_s if 0 <= state.seen_prefill != obs.num_prefill else state.changed_prefill_s,
+            obs.end_s if 0 <= state.seen_decode != obs.num_decode else state.changed_decode_s)
+
+
 def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
            model: ModelTarget | None = None) -> ScaleDecision:
     slo, hw, lw = config.slo, config.high_water, config.low_water
     trusted = obs.num_finished >= config.min_requests
     window_start_s = obs.end_s - obs.duration_s
-    changed_p_s = obs.end_s if 0 <= state.seen_prefill != obs.num_prefill else state.changed_prefill_s
-    changed_d_s = obs.end_s if 0 <= state.seen_decode != obs.num_decode else state.changed_decode_s
+    changed_p_s, changed_d_s = pools_changed_s(obs, state)
     fresh_p = window_start_s >= changed_p_s
     fresh_d = window_start_s >= changed_d_s
     ttft_near = trusted and _near(obs.ttft_p90_ms, slo.ttft_ms, hw)
