@@ -21,6 +21,8 @@ phase change (first move or start after it, in seconds and planner intervals).
     python bench/planner.py                      # shift: ~8 minutes; JSON in bench/results/planner.json
     python bench/planner.py --workload phase-change --variants fixed,restart,switch \
         --out bench/results/planner-roles.json   # ~8 minutes
+    python bench/planner.py --engine vllm --workload phase-change --variants switch --phase-s 90 \
+        --out /tmp/switch.json   # real vLLM engines (bench/lib/planner_vllm.py), ~6 minutes an arm
 """
 
 from __future__ import annotations
