@@ -21,6 +21,8 @@ phase change (first move or start after it, in seconds and planner intervals).
     python bench/planner.py                      # shift: ~8 minutes; JSON in bench/results/planner.json
     python bench/planner.py --workload phase-change --variants fixed,restart,switch \
         --out bench/results/planner-roles.json   # ~8 minutes
+    python bench/planner.py --engine vllm --workload phase-change --variants switch --phase-s 90 \
+        --out /tmp/switch.json   # real vLLM engines (bench/lib/planner_vllm.py), ~6 minutes an arm
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.lib import planner_vllm
 from bench.lib.graph import REPO, Graph, start_graph
 from bench.lib.metrics import aggregate
 from bench.lib.procs import children
@@ -96,9 +99,10 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
     decisions = out_dir / f"planner-decisions-{variant}.jsonl"
     decisions.unlink(missing_ok=True)
     num_prefill, num_decode = args.fixed if variant == "fixed" else args.start
-    up = ["--engine", "mock", "--model", str(args.model), "--prefill", str(num_prefill), "--decode", str(num_decode),
-          "--no-kvtier", "--mock-profile", str(args.profile), "--mock-speedup", str(args.speedup),
-          "--mock-start-s", str(args.mock_start_s), "--block-size", "32",
+    engine = (planner_vllm.engine_args(args) if args.engine == "vllm" else
+              ["--engine", "mock", "--model", str(args.model), "--mock-profile", str(args.profile),
+               "--mock-speedup", str(args.speedup), "--mock-start-s", str(args.mock_start_s)])
+    up = [*engine, "--prefill", str(num_prefill), "--decode", str(num_decode), "--no-kvtier", "--block-size", "32",
           "--local-prefill-max-tokens", "256", "--log-level", "warning"]
     if variant != "fixed":
         up += ["--planner", "--planner-slo", f"ttft_ms={args.ttft_ms},itl_ms={args.itl_ms}",
@@ -110,7 +114,7 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
         if variant == "switch":
             up += ["--role-switch"]
     graph = start_graph(out_dir, *up, log_name=f"planner-graph-{variant}.log",
-                        ready_timeout_s=240.0 + args.mock_start_s)
+                        ready_timeout_s=(480.0 if args.engine == "vllm" else 240.0) + args.mock_start_s)
     start_s = graph.startup_s
     sessions, arrivals, phases = build_sessions(args, args.seed)
     timeline: list[dict[str, Any]] = []
@@ -144,6 +148,7 @@ async def run_variant(args: argparse.Namespace, variant: str, out_dir: Path) -> 
             # Under load only: while the graph starts, the planner sees pools still registering (``up`` drops those).
             "num_moves": sum(a["action"] == "move" and a["t_s"] >= 0 for a in actions),
             "num_starts": sum(a["action"] == "start" and a["t_s"] >= 0 for a in actions),
+            "starts_serving": planner_vllm.start_to_serving(actions, timeline),
             "actions": actions, "pools": timeline, "leftover_pids": leftover}
 
 
@@ -166,7 +171,9 @@ def main() -> int:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="shift")
     ap.add_argument("--rate", type=float, default=0.75, help="requests/s, in phases without a rate of their own")
     ap.add_argument("--phase-s", type=float, default=60.0)
-    ap.add_argument("--ttft-ms", type=float, default=4000.0)
+    ap.add_argument("--engine", choices=("mock", "vllm"), default="mock",
+                    help="vllm: real engines (bench/lib/planner_vllm.py; phase-change workload only)")
+    ap.add_argument("--ttft-ms", type=float, default=None, help="default: 4000 (vllm: sized from the profile)")
     ap.add_argument("--itl-ms", type=float, default=None,
                     help="per-request TPOT bound, and the planner's ITL SLO (default: shift 25, phase-change 35)")
     ap.add_argument("--interval-s", type=float, default=2.0)
@@ -183,20 +190,30 @@ def main() -> int:
                     help="mock engines' start time (default: the profile's engine_start_s / speedup)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "planner.json")
+    planner_vllm.add_args(ap)
     args = ap.parse_args()
+    args.ttft_ms_given, args.ttft_ms = args.ttft_ms is not None, args.ttft_ms or 4000.0
     args.phases = WORKLOADS[args.workload]
     phase_change = args.workload == "phase-change"
+    args.start_given = tuple(int(n) for n in args.start.split(",")) if args.start else None
     args.start = tuple(int(n) for n in (args.start or ("3,1" if phase_change else "1,1")).split(","))
     args.fixed = tuple(int(n) for n in args.fixed.split(","))
-    args.itl_ms = args.itl_ms or (35.0 if phase_change else 25.0)
+    args.itl_ms_given, args.itl_ms = args.itl_ms, args.itl_ms or (35.0 if phase_change else 25.0)
     profile_doc = json.loads(args.profile.read_text())
     if args.mock_start_s is None:
         args.mock_start_s = round(profile_doc.get("conditions", {}).get("engine_start_s", 0.0) / args.speedup, 1)
-    ensure_tiny_model(args.model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.scaled_profile = scaled_profile(args.profile, args.speedup, args.out.parent / "planner-profile-scaled.json")
+    if args.engine == "vllm":
+        if not phase_change:
+            raise SystemExit("--engine vllm runs --workload phase-change")
+        args.start = args.start_given
+        sizing = planner_vllm.configure(args, REPO)
+    else:
+        ensure_tiny_model(args.model)
+        args.scaled_profile = scaled_profile(args.profile, args.speedup,
+                                             args.out.parent / "planner-profile-scaled.json")
     cond = conditions(
-        "planner", engine="mock",
+        "planner", engine=args.engine,
         timing_profile=str(args.profile.relative_to(REPO) if args.profile.is_relative_to(REPO) else args.profile),
         profile_conditions=profile_doc.get("conditions", {}), mock_engine_start_s=args.mock_start_s,
         speedup=args.speedup, workload=args.workload, arrivals="poisson", phase_s=args.phase_s,
@@ -214,6 +231,8 @@ def main() -> int:
         worker_seconds="worker processes alive (starting, serving, draining) x seconds, over the load",
         planner_interval_s=args.interval_s, planner_window_s=args.window_s, model_based=not args.reactive_only,
         block_size=32, kv_transfer="mock (simulated time)", kvtier=False, seed=args.seed)
+    if args.engine == "vllm":
+        cond.update(planner_vllm.conditions(args, sizing, REPO), speedup=1.0, mock_engine_start_s=None)
     runs = []
     for variant in ["restart" if v == "planner" else v for v in args.variants.split(",")]:
         print(f"[planner] {variant} ...", file=sys.stderr, flush=True)

@@ -16,8 +16,9 @@ after ``down_after_intervals`` quiet intervals in a row, and only to what the mo
 capacity removed too early costs SLO, capacity kept too long costs only money.
 
 Observations are sliding windows (the service decides every few seconds over the last ~30 s). A window that
-began before a pool's last change still holds latencies of the old size: for that pool, latency signals
-neither grow it again nor count as quiet (queues and KV usage, read live, still do).
+began before a pool's last change (its target, or its size as observed: a worker registered, drained or moved)
+still holds latencies of the old size: for that pool, latency signals neither grow it again nor count as quiet
+(queues and KV usage, read live, still do).
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class PlannerState:
     # When each pool's target last changed (monotonic s).
     changed_prefill_s: float = float("-inf")
     changed_decode_s: float = float("-inf")
+    # Each pool's size at the last decision (-1: none yet). Engines that register one by one (real vLLM engines
+    # start tens of seconds apart on a busy host) must not inherit the quiet intervals counted at the smaller
+    # size: measured, a graph's last prefill engine drained in the first decision after it registered.
+    seen_prefill: int = -1
+    seen_decode: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +127,21 @@ def _quiet(value: float | None, limit: float, share: float) -> bool:
     return value is None or value < limit * share
 
 
+def pools_changed_s(obs: Observation, state: PlannerState) -> tuple[float, float]:
+    """When each pool last changed (prefill, decode): now if its observed size differs from the last
+    decision's, else when its target last changed."""
+    return (obs.end_s if 0 <= state.seen_prefill != obs.num_prefill else state.changed_prefill_s,
+            obs.end_s if 0 <= state.seen_decode != obs.num_decode else state.changed_decode_s)
+
+
 def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
            model: ModelTarget | None = None) -> ScaleDecision:
     slo, hw, lw = config.slo, config.high_water, config.low_water
     trusted = obs.num_finished >= config.min_requests
     window_start_s = obs.end_s - obs.duration_s
-    fresh_p = window_start_s >= state.changed_prefill_s
-    fresh_d = window_start_s >= state.changed_decode_s
+    changed_p_s, changed_d_s = pools_changed_s(obs, state)
+    fresh_p = window_start_s >= changed_p_s
+    fresh_d = window_start_s >= changed_d_s
     ttft_near = trusted and _near(obs.ttft_p90_ms, slo.ttft_ms, hw)
     itl_near = trusted and _near(obs.itl_p90_ms, slo.itl_ms, hw)
 
@@ -175,8 +189,9 @@ def decide(obs: Observation, state: PlannerState, config: PlannerConfig,
         prefill=PoolDecision("prefill", obs.num_prefill, p_target, p_reasons if p_changed else ()),
         decode=PoolDecision("decode", obs.num_decode, d_target, d_reasons if d_changed else ()),
         state=replace(state, quiet_prefill=quiet_p, quiet_decode=quiet_d,
-                      changed_prefill_s=obs.end_s if p_changed else state.changed_prefill_s,
-                      changed_decode_s=obs.end_s if d_changed else state.changed_decode_s),
+                      changed_prefill_s=obs.end_s if p_changed else changed_p_s,
+                      changed_decode_s=obs.end_s if d_changed else changed_d_s,
+                      seen_prefill=obs.num_prefill, seen_decode=obs.num_decode),
     )
 
 

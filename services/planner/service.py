@@ -56,6 +56,7 @@ from services.planner.policy import (
     PoolDecision,
     ScaleDecision,
     decide,
+    pools_changed_s,
 )
 from services.planner.predict import LiveConfig, drop_lagging_model, live_pressure
 from services.planner.switch import (
@@ -254,12 +255,14 @@ class PlannerService:
             self._switch_before, self._switch = self._switch, switched.state
             final = switch_first(decision, switched.choice)
             self._unswitched, self._state_unswitched = decision, decision.state
-            # A pool whose change waits for a move did not change: its latency windows stay valid.
+            # A pool whose target change waits for a move did not change (its latency windows stay valid), unless
+            # its observed size did.
+            observed_p_s, observed_d_s = pools_changed_s(obs, before)
             self._state = replace(decision.state,
                                   changed_prefill_s=decision.state.changed_prefill_s if final.prefill.changed
-                                  else before.changed_prefill_s,
+                                  else observed_p_s,
                                   changed_decode_s=decision.state.changed_decode_s if final.decode.changed
-                                  else before.changed_decode_s)
+                                  else observed_d_s)
             record["pressure"] = asdict(pressure)
             if isinstance(switched.choice, Move):
                 record["move"] = switched.choice

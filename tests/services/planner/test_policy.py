@@ -139,3 +139,23 @@ def test_a_window_older_than_the_last_change_holds_no_latency_signal() -> None:
     d = decide(fresh, state, CONFIG)
     assert (d.prefill.target, d.prefill.reasons) == (3, ("ttft",))
     assert d.state.changed_prefill_s == 131.0 and d.state.changed_decode_s == 131.0
+
+
+def test_a_pool_that_grew_by_registration_starts_its_quiet_count_over() -> None:
+    """Engines registering one by one: quiet intervals counted with one prefill worker do not drain the second
+    the moment it registers; the pool is quiet again only once a whole window has seen its new size."""
+    idle = replace(QUIET, num_finished=0, arrival_rate_rps=0.0, ttft_p90_ms=None, itl_p90_ms=None, isl_mean=None,
+                   osl_mean=None, num_prefill=1, num_decode=1, duration_s=10.0)
+    state = PlannerState()
+    for i in range(1, 3):  # 2 quiet intervals at 1P + 1D: one more would have made 3 in a row
+        state = decide(replace(idle, end_s=2.0 * i), state, CONFIG).state
+    assert state.quiet_prefill == CONFIG.down_after_intervals - 1
+    grown = replace(idle, num_prefill=2)
+    d = decide(replace(grown, end_s=6.0), state, CONFIG)
+    assert d.prefill.target == 2 and d.state.quiet_prefill == 0 and d.state.changed_prefill_s == 6.0
+    targets = []
+    for end_s in (8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0):
+        d = decide(replace(grown, end_s=end_s), d.state, CONFIG)
+        targets.append(d.prefill.target)
+    # Windows of 10 s: fresh from t=16 on; quiet 3 intervals in a row there (16, 18, 20): one fewer at 20.
+    assert targets == [2, 2, 2, 2, 2, 2, 1, 2]

@@ -175,3 +175,16 @@ def test_a_confirmation_measures_decode_growth_over_the_interval() -> None:
     r = svc.step(replace(obs, decode_seqs=4, end_s=2.5), now_s=2.5, members=members, confirm=True)
     assert r["confirm"] is True
     assert r["live"]["projected_seqs"] == 4 + 4 / 2.5 * 20.0  # LiveConfig().horizon_s
+
+
+def test_role_switch_step_keeps_a_worker_that_just_registered() -> None:
+    """Engines register one by one: quiet intervals counted at 1P + 1D do not drain the second prefill worker as it
+    registers (the role-switch path keeps the pool's observed change; measured with real vLLM engines)."""
+    svc = _service(role_switch=True)
+    idle = replace(OBS, duration_s=10, num_finished=0, arrival_rate_rps=0.0, isl_mean=None, osl_mean=None,
+                   ttft_p90_ms=None, itl_p90_ms=None)
+    for t in (2.0, 4.0):
+        svc.step(replace(idle, end_s=t), now_s=t)
+    targets = [svc.step(replace(idle, num_prefill=2, end_s=t), now_s=t)["requests"][0].target
+               for t in (6.0, 8.0, 10.0, 12.0, 14.0)]
+    assert targets == [2, 2, 2, 2, 2]  # windows of 10 s: none is quiet before one began after t=6
