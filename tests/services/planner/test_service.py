@@ -137,7 +137,9 @@ def test_a_move_waiting_on_hysteresis_is_confirmed_between_intervals() -> None:
     # Still short and spare one interval later: the next move waits out the interval since the last.
     members = (Member("p1", "prefill", True, num_busy=2), Member("p2", "prefill", True), Member("p0", "decode", True),
                Member("d0", "decode", True))
-    later = replace(obs, num_prefill=2, num_decode=2)
+    # Decode still short by its queue (the ITL window, measured on one decode worker, no longer counts once the
+    # pool's observed size changed).
+    later = replace(obs, num_prefill=2, num_decode=2, decode_waiting=svc.config.policy.queue_high + 1)
     r3 = svc.step(replace(later, end_s=2.0), now_s=2.0, members=members)
     assert r3["no_move"] == "hysteresis"  # the move reset both pools' streaks
     r4 = svc.step(replace(later, end_s=2.4), now_s=2.4, members=members, confirm=True)
