@@ -42,6 +42,11 @@ class FrontendMetrics:
         self.arrival_prompt_tokens = Histogram("splitserve_frontend_arrival_prompt_tokens",
                                                "Prompt tokens of the requests received", buckets=_ISL_BUCKETS,
                                                registry=r)
+        # max_tokens of the arrivals that set one (a client that sets none asks for the rest of the context,
+        # which says nothing of its answer): the planner reads the decode load coming before it runs.
+        self.arrival_max_tokens = Histogram("splitserve_frontend_arrival_max_tokens",
+                                            "max_tokens of the requests received that set one",
+                                            buckets=_ISL_BUCKETS, registry=r)
         self.prompt_tokens = Counter("splitserve_frontend_prompt_tokens", "Prompt tokens", registry=r)
         self.cached_tokens = Counter("splitserve_frontend_cached_prompt_tokens",
                                      "Prompt tokens served from a prefix cache", registry=r)

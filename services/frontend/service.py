@@ -307,6 +307,10 @@ class FrontendService:
         num_cached = -1
         last_s = 0.0
         self.metrics.arrival_prompt_tokens.observe(len(token_ids))
+        requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        if requested is not None:
+            for _ in range(body.n):  # each choice is a sequence on a decode worker
+                self.metrics.arrival_max_tokens.observe(sampling.max_tokens)
         self.metrics.inflight.inc()
         try:
             fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n)

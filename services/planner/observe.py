@@ -23,6 +23,7 @@ _PROMPT = "splitserve_frontend_prompt_tokens"
 _OUTPUT = "splitserve_frontend_output_tokens"
 _INFLIGHT = "splitserve_frontend_inflight_requests"
 _ISL = "splitserve_frontend_arrival_prompt_tokens"
+_MAX_TOKENS = "splitserve_frontend_arrival_max_tokens"
 # At most this many ISL samples per observation (the plan's cost is linear in them).
 MAX_ISL_SAMPLES = 512
 
@@ -41,11 +42,14 @@ class FrontendSnapshot:
     inflight: float
     isl: Buckets = ()  # prompt tokens of arrivals: (upper bound, cumulative count); _count = arrivals
     isl_sum: float = 0.0
+    max_tokens_count: float = 0.0  # arrivals that set max_tokens (each choice counted)
+    max_tokens_sum: float = 0.0  # ... and the max_tokens they set
 
 
 def parse_metrics(text: str) -> FrontendSnapshot:
     buckets: dict[str, dict[float, float]] = {_TTFT: {}, _ITL: {}, _ISL: {}}
-    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0, _ISL: 0.0}
+    values = {_E2E: 0.0, _PROMPT: 0.0, _OUTPUT: 0.0, _INFLIGHT: 0.0, _ISL: 0.0, _MAX_TOKENS: 0.0,
+              _MAX_TOKENS + "_count": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
@@ -57,12 +61,17 @@ def parse_metrics(text: str) -> FrontendSnapshot:
                 values[_E2E] += sample.value
             elif name == _ISL + "_sum":
                 values[_ISL] += sample.value
+            elif name == _MAX_TOKENS + "_sum":
+                values[_MAX_TOKENS] += sample.value
+            elif name == _MAX_TOKENS + "_count":
+                values[name] += sample.value
             elif name in (_PROMPT + "_total", _OUTPUT + "_total", _INFLIGHT):
                 values[name.removesuffix("_total")] += sample.value
     return FrontendSnapshot(
         ttft=tuple(sorted(buckets[_TTFT].items())), itl=tuple(sorted(buckets[_ITL].items())),
         num_finished=values[_E2E], prompt_tokens=values[_PROMPT], output_tokens=values[_OUTPUT],
-        inflight=values[_INFLIGHT], isl=tuple(sorted(buckets[_ISL].items())), isl_sum=values[_ISL])
+        inflight=values[_INFLIGHT], isl=tuple(sorted(buckets[_ISL].items())), isl_sum=values[_ISL],
+        max_tokens_count=values[_MAX_TOKENS + "_count"], max_tokens_sum=values[_MAX_TOKENS])
 
 
 def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
@@ -79,7 +88,9 @@ def merge(snapshots: Iterable[FrontendSnapshot]) -> FrontendSnapshot:
                             num_finished=sum(s.num_finished for s in snaps),
                             prompt_tokens=sum(s.prompt_tokens for s in snaps),
                             output_tokens=sum(s.output_tokens for s in snaps), inflight=sum(s.inflight for s in snaps),
-                            isl=add([s.isl for s in snaps]), isl_sum=sum(s.isl_sum for s in snaps))
+                            isl=add([s.isl for s in snaps]), isl_sum=sum(s.isl_sum for s in snaps),
+                            max_tokens_count=sum(s.max_tokens_count for s in snaps),
+                            max_tokens_sum=sum(s.max_tokens_sum for s in snaps))
 
 
 def bucket_delta(now: Buckets, before: Buckets) -> Buckets:
@@ -126,7 +137,18 @@ def bucket_samples(buckets: Buckets, max_samples: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, workers: WorkerList) -> Observation:
+def recent_arrivals(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float) -> tuple[float, float | None]:
+    """Arrivals per second between two scrapes an interval apart, and the mean max_tokens of those that set one
+    (None: none did). The decode load they bring shows here when they arrive, a prefill later on the workers."""
+    arrivals = (now.isl[-1][1] if now.isl else 0.0) - (before.isl[-1][1] if before.isl else 0.0)
+    rate = arrivals / duration_s if duration_s > 0 else 0.0
+    num_set = now.max_tokens_count - before.max_tokens_count
+    return rate, (now.max_tokens_sum - before.max_tokens_sum) / num_set if num_set > 0 else None
+
+
+def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, workers: WorkerList,
+            recent: tuple[FrontendSnapshot, float] | None = None) -> Observation:
+    """``recent``: the scrape about one interval before ``now`` and its age (s), for the arrivals since."""
     finished = now.num_finished - before.num_finished
     ttft_p90 = quantile(bucket_delta(now.ttft, before.ttft), 0.9)
     itl_p90 = quantile(bucket_delta(now.itl, before.itl), 0.9)
@@ -147,6 +169,7 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
     backlog = sum(load.num_waiting_tokens if load.num_waiting_tokens >= 0
                   else load.num_waiting * (isl_mean or 0.0) for load in prefill)
     rates = [load.prefill_tokens_per_s for load in prefill if load.prefill_tokens_per_s > 0]
+    recent_rps, recent_max_tokens = recent_arrivals(recent[0], now, recent[1]) if recent else (0.0, None)
     return Observation(
         duration_s=duration_s, num_finished=int(finished),
         arrival_rate_rps=arrivals / duration_s if duration_s > 0 else 0.0,
@@ -165,4 +188,5 @@ def observe(before: FrontendSnapshot, now: FrontendSnapshot, duration_s: float, 
         decode_running=sum(load.num_running for load in decode),
         decode_kv_tokens=sum(load.num_active_blocks * info.block_size for info, load in decode_pairs),
         prefill_backlog_tokens=float(backlog), prefill_tokens_per_s=mean(rates),
+        recent_arrival_rps=recent_rps, recent_max_tokens=recent_max_tokens,
     )

@@ -57,6 +57,9 @@ class Observation:
     decode_kv_tokens: int = 0  # KV tokens the running ones attend (active blocks x block size)
     prefill_backlog_tokens: float = 0.0  # prompt tokens queued on prefill workers, the rest of running ones too
     prefill_tokens_per_s: float = 0.0  # mean prefill rate the workers measured (0: none did)
+    # Arrivals over about the last interval (not the window): the decode load coming, before it reaches a worker.
+    recent_arrival_rps: float = 0.0
+    recent_max_tokens: float | None = None  # their mean max_tokens (None: none set one)
 
 
 @dataclass(frozen=True, slots=True)

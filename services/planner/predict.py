@@ -6,6 +6,9 @@ what each worker holds. With the profile (``TimingModel``):
   * decode: the step time at the pool's running sequences and the KV they attend, split evenly over its
     workers (the router balances them), at the sequence count projected ``horizon_s`` ahead from its growth
     over the last interval: a pool filling with long answers is short before its steps slow down;
+    and, when the frontends count the arrivals' max_tokens, at the sequences the last interval's arrivals
+    bring (Little's law, each counted no longer than the horizon): they show a phase change at the first
+    decision after it, the count of decode sequences only once prefills have fed it and it has grown;
   * prefill: a new prompt's TTFT = the pool's queued prompt tokens (waiting, and the rest of running
     prefills) split over its workers, plus its own prompt, at the pool's prefill rate.
 A pool is short when its prediction passes ``high_water`` of the SLO, and has a worker to spare when the
@@ -64,10 +67,34 @@ def projected_seqs(num_seqs: int, num_seqs_before: int | None, dt_s: float, hori
     return num_seqs + max(0.0, (num_seqs - num_seqs_before) / dt_s) * horizon_s
 
 
+def arrival_seqs(timing: TimingModel, arrival_rps: float, osl: float, kv_per_seq: float, num_workers: int,
+                 max_iters: int = 200) -> float:
+    """Decode sequences the pool holds once the recent arrivals' rate goes on (Little's law): each stays ``osl``
+    steps, a step's time growing with the sequences per worker, so per worker n = rate / workers x osl x
+    step(n). The smallest such n (iterated from 0); inf when there is none (the steps slow faster than
+    sequences finish: the pool cannot keep up) or it is not reached within ``max_iters``."""
+    if arrival_rps <= 0 or osl <= 0:
+        return 0.0
+    if num_workers <= 0:
+        return math.inf
+    per_worker_rps = arrival_rps / num_workers
+    n = 0.0
+    for _ in range(max_iters):
+        nxt = per_worker_rps * osl * timing.step_s(0, max(1, math.ceil(n)), round(max(1.0, n) * kv_per_seq))
+        if abs(nxt - n) < 0.01:
+            return nxt * num_workers
+        n = nxt
+        if n > 1e5:
+            break
+    return math.inf
+
+
 def predicted_itl_ms(timing: TimingModel, num_seqs: float, num_kv_tokens: float, num_workers: int) -> float | None:
     """ms of one decode step with the pool's sequences and KV split evenly over ``num_workers``."""
     if num_workers <= 0:
         return None if num_workers == 0 else math.inf
+    if math.isinf(num_seqs):
+        return math.inf
     per_worker = math.ceil(num_seqs / num_workers)
     if per_worker <= 0:
         return 0.0
@@ -121,6 +148,22 @@ def live_pressure(obs: Observation, before: Observation | None, timing: TimingMo
     itl = predicted_itl_ms(timing, seqs, kv, n_d)
     itl_now = predicted_itl_ms(timing, obs.decode_seqs, obs.decode_seqs * kv_per_seq, n_d)
     itl_less = predicted_itl_ms(timing, seqs, kv, n_d - 1) if n_d > 1 else (math.inf if n_d else None)
+    if obs.recent_max_tokens is not None and n_d > 0:
+        # The arrivals' own decode load (their max_tokens), at their prompt plus half their answer of KV: it
+        # shows an interval after a phase change, the count of decode sequences only once they have
+        # reached the workers and piled up. Their steady state, each counted no longer than the horizon (a
+        # phase shorter than the time to fill the pool must not move workers for a load it never reaches).
+        osl = obs.recent_max_tokens
+        kv_arrival = isl + osl / 2
+        reach = obs.recent_arrival_rps * config.horizon_s
+        steady = min(reach, arrival_seqs(timing, obs.recent_arrival_rps, osl, kv_arrival, n_d))
+        itl_arrivals = predicted_itl_ms(timing, steady, steady * kv_arrival, n_d)
+        if itl_arrivals is not None and itl is not None and itl_arrivals > itl:
+            itl, seqs = itl_arrivals, max(seqs, steady)
+        if n_d > 1:
+            steady_less = min(reach, arrival_seqs(timing, obs.recent_arrival_rps, osl, kv_arrival, n_d - 1))
+            less = predicted_itl_ms(timing, steady_less, steady_less * kv_arrival, n_d - 1)
+            itl_less = max(itl_less, less) if less is not None and itl_less is not None else itl_less
     rate = prefill_rate_tokens_per_s(timing, isl, obs.prefill_tokens_per_s)
     ttft = predicted_ttft_ms(obs.prefill_backlog_tokens, isl, n_p, rate)
     ttft_less = predicted_ttft_ms(obs.prefill_backlog_tokens, isl, n_p - 1, rate) if n_p > 1 else (

@@ -143,6 +143,17 @@ def hold_pending(decision: PoolDecision, pending: Pending | None, now_s: float, 
     return replace(decision, target=pending.target, reasons=("pending",))
 
 
+def recent_scrape(history: deque[tuple[float, FrontendSnapshot]], now_s: float,
+                  interval_s: float) -> tuple[float, FrontendSnapshot]:
+    """The newest scrape before the last one at least three quarters of an interval old (arrivals since it are
+    the "recent" ones: a confirmation a quarter interval after a decision counts them over an interval, not
+    over its fraction of one); the oldest when none is."""
+    for at_s, snap in reversed(list(history)[:-1]):
+        if now_s - at_s >= 0.75 * interval_s:
+            return at_s, snap
+    return history[0]
+
+
 class PlannerService:
     def __init__(self, config: PlannerServiceConfig) -> None:
         self.config = config
@@ -199,7 +210,9 @@ class PlannerService:
                     await asyncio.sleep(self.config.interval_s)
                     continue
                 start_s, start = history[0]
-                obs = replace(observe(start, now, now_s - start_s, workers), end_s=now_s)
+                recent_s, recent = recent_scrape(history, now_s, self.config.interval_s)
+                obs = replace(observe(start, now, now_s - start_s, workers, (recent, now_s - recent_s)),
+                              end_s=now_s)
                 record = self.step(obs, now_s, members_of(workers), confirm=confirm)
                 if record["move"] is not None:
                     await self._set_role(router, pub, record, obs)

@@ -9,11 +9,13 @@ import pytest
 from common.protocol import WorkerInfo, WorkerList, WorkerLoad
 from services.frontend.metrics import FrontendMetrics
 from services.planner.observe import (
+    FrontendSnapshot,
     bucket_delta,
     merge,
     observe,
     parse_metrics,
     quantile,
+    recent_arrivals,
 )
 
 
@@ -84,6 +86,27 @@ def test_bucket_samples(buckets, max_samples, expected) -> None:
     from services.planner.observe import bucket_samples
 
     assert bucket_samples(buckets, max_samples) == expected
+
+
+def test_recent_arrivals_and_their_max_tokens() -> None:
+    """Arrivals between two scrapes an interval apart, and the mean max_tokens of those that set one."""
+    def scrape(isls: list[int], max_tokens: list[int]) -> FrontendSnapshot:
+        m = FrontendMetrics()
+        for n in isls:
+            m.arrival_prompt_tokens.observe(n)
+        for n in max_tokens:
+            m.arrival_max_tokens.observe(n)
+        return parse_metrics(m.render().decode())
+
+    before = scrape([2048] * 3, [32] * 3)
+    now = merge([scrape([2048] * 3 + [512] * 4, [32] * 3 + [512] * 3), scrape([], [])])
+    assert (now.max_tokens_count, now.max_tokens_sum) == (6, 3 * 32 + 3 * 512)
+    assert recent_arrivals(before, now, 2.0) == (2.0, 512.0)  # 4 arrived in 2 s, 3 of them set max_tokens
+    assert recent_arrivals(now, now, 2.0) == (0.0, None)
+    workers = WorkerList(request_id="r", workers=(), loads=())
+    obs = observe(before, now, 20.0, workers, (before, 2.0))
+    assert (obs.recent_arrival_rps, obs.recent_max_tokens) == (2.0, 512.0)
+    assert observe(before, now, 20.0, workers).recent_max_tokens is None
 
 
 def test_bucket_delta() -> None:

@@ -19,6 +19,7 @@ from services.planner.policy import (
 from services.planner.predict import (
     LiveConfig,
     LivePressure,
+    arrival_seqs,
     drop_lagging_model,
     live_pressure,
     predicted_itl_ms,
@@ -55,6 +56,37 @@ OBS = Observation(duration_s=20, num_finished=20, arrival_rate_rps=1, isl_mean=1
 ])
 def test_projected_seqs(now, before, dt_s, expected) -> None:
     assert projected_seqs(now, before, dt_s, 10.0) == expected
+
+
+@pytest.mark.parametrize("rate, osl, workers, expected", [
+    (0.0, 100, 1, 0.0),  # nothing arriving
+    (1.0, 0, 1, 0.0),
+    # 1 req/s of 100 steps, 1,000 KV tokens each: n = 100 x (10 + 1 x 2 + n) ms on (1, 2] -> 4/3.
+    (1.0, 100, 1, 4 / 3),
+    # 2 req/s a worker: n = 200 x (10 + 4 + n) ms on (3, 4] -> 3.5 each, 7 in the pool.
+    (4.0, 100, 2, 7.0),
+    (10.0, 100, 1, float("inf")),  # the steps slow faster than sequences finish: no steady state
+    (1.0, 100, 0, float("inf")),
+])
+def test_arrival_seqs(rate, osl, workers, expected) -> None:
+    assert arrival_seqs(TIMING, rate, osl, 1000, workers) == pytest.approx(expected, abs=0.02)
+
+
+@pytest.mark.parametrize("rate, max_tokens, decode_seqs, verdict", [
+    # 2 req/s of 500 tokens on 2 workers cannot be kept up with: short before the sequences are there.
+    (2.0, 500, 2, (True, False)),
+    # 0.5 req/s: 1.8 sequences (14 ms) on 2 workers; on one they would be 5.8 (23 ms, past low water): not spare,
+    # where the 2 running now alone would make decode a donor.
+    (0.5, 500, 2, (False, False)),
+    (0.5, None, 2, (False, True)),  # no max_tokens known: the running sequences as before
+    # A burst of short answers (3 req/s of 32 tokens) is no decode shortage: one worker still does.
+    (3.0, 32, 2, (False, True)),
+])
+def test_live_pressure_reads_the_arrivals(rate, max_tokens, decode_seqs, verdict) -> None:
+    obs = replace(OBS, decode_seqs=decode_seqs, decode_running=decode_seqs, decode_kv_tokens=decode_seqs * 1000,
+                  recent_arrival_rps=rate, recent_max_tokens=max_tokens)
+    live = live_pressure(obs, obs, TIMING, SLO, LIVE)
+    assert (live.decode_short, live.decode_spare) == verdict
 
 
 @pytest.mark.parametrize("seqs, kv, workers, expected_ms", [
@@ -152,7 +184,7 @@ def test_drop_lagging_model(reasons, ttft_ms, kept) -> None:
 
 
 def _simulate(phases, duration_s: float, roles: dict[str, str], interval_s: float = 2.0,
-              config: SwitchConfig | None = None) -> tuple[list[tuple[float, Move]], list[tuple[int, int]]]:
+              config: SwitchConfig | None = None, arrivals: bool = False) -> tuple[list[tuple[float, Move]], list[tuple[int, int]]]:
     """A fluid model of the pools, decided on every ``interval_s`` from live state only. ``phases(t)`` gives
     (rate req/s, ISL, OSL). Decode: arrivals join, each sequence lives OSL steps of the pool's step time.
     Prefill: arrivals' prompt tokens queue, each worker prefills 1,000 tokens/s. Workers settled at t=0."""
@@ -169,7 +201,8 @@ def _simulate(phases, duration_s: float, roles: dict[str, str], interval_s: floa
         backlog = max(0.0, backlog + rate * isl * interval_s - n_p * 1000 * interval_s)
         obs = replace(OBS, num_prefill=n_p, num_decode=n_d, isl_mean=isl, end_s=now_s, arrival_rate_rps=rate,
                       decode_seqs=round(seqs), decode_running=round(seqs), decode_kv_tokens=round(seqs * isl),
-                      prefill_backlog_tokens=backlog, prefill_waiting=backlog / isl / n_p)
+                      prefill_backlog_tokens=backlog, prefill_waiting=backlog / isl / n_p,
+                      recent_arrival_rps=rate if arrivals else 0.0, recent_max_tokens=osl if arrivals else None)
         live = live_pressure(obs, prev, TIMING, SLO, LIVE)
         prev = obs
         pressure = pool_pressure(obs, decide(obs, PlannerState(), policy), policy, config, live=live)
@@ -186,6 +219,16 @@ def _simulate(phases, duration_s: float, roles: dict[str, str], interval_s: floa
 PREFILL_HEAVY, DECODE_HEAVY = (0.75, 2000, 32), (2.0, 500, 500)
 
 
+def test_arrivals_see_a_phase_change_at_the_first_decision() -> None:
+    """The same, with the arrivals' rate and max_tokens read: decode is short at the first decision after the
+    change (the arrivals say so before the sequences pile up), and the move comes with it."""
+    roles = {"w0": "prefill", "w1": "prefill", "w2": "prefill", "w3": "decode"}
+    moves, _ = _simulate(lambda t: PREFILL_HEAVY if t < 60 else DECODE_HEAVY, 120.0, roles,
+                         config=SwitchConfig(min_dwell_s=0.0, spare_intervals=1), arrivals=True)
+    assert all(t >= 60 for t, _ in moves)
+    assert moves[0][1].to_role == "decode" and moves[0][0] == 60.0
+
+
 def test_reacts_to_a_phase_change_within_two_intervals() -> None:
     """3P + 1D through a prefill-heavy phase (no move: prefill is not spare, decode not short), then decode-heavy
     from t=60 s: the first move, toward decode, at most two 2 s intervals later."""
@@ -197,16 +240,17 @@ def test_reacts_to_a_phase_change_within_two_intervals() -> None:
     assert sizes[-1][1] >= 2
 
 
+@pytest.mark.parametrize("arrivals", [False, True])
 @pytest.mark.parametrize("start", [("prefill", "prefill", "prefill", "decode"), ("prefill", "decode", "decode", "decode"),
                                    ("prefill", "prefill", "decode", "decode")])
-def test_live_signals_flipping_every_30s_do_not_oscillate(start) -> None:
+def test_live_signals_flipping_every_30s_do_not_oscillate(start, arrivals) -> None:
     """The phase-change workload flipping every 30 s, decided every 2 s from live state: 2P + 2D serves both
     phases here, so from either extreme the planner makes the one move to it and then none (the low-water test
     with one worker fewer keeps a pool that is fine from being a donor); the guards hold throughout."""
     config = SwitchConfig(min_dwell_s=30.0, spare_intervals=LiveConfig().spare_intervals)
     roles = {f"w{i}": role for i, role in enumerate(start)}
     moves, sizes = _simulate(lambda t: PREFILL_HEAVY if int(t // 30) % 2 == 0 else DECODE_HEAVY, 300.0, roles,
-                             config=config)
+                             config=config, arrivals=arrivals)
     _check_guards(moves, sizes, config)
     assert len(moves) == (0 if start.count("prefill") == 2 else 1)
     assert sizes[-1] == (2, 2) and set(sizes[len(sizes) // 4:]) == {(2, 2)}

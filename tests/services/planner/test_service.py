@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from common.timing import TimingModel
+from services.planner.observe import FrontendSnapshot
 from services.planner.policy import Observation, PlannerConfig, PoolDecision
 from services.planner.service import (
     Pending,
@@ -190,3 +191,18 @@ def test_role_switch_step_keeps_a_worker_that_just_registered() -> None:
     targets = [svc.step(replace(idle, num_prefill=2, end_s=t), now_s=t)["requests"][0].target
                for t in (6.0, 8.0, 10.0, 12.0, 14.0)]
     assert targets == [2, 2, 2, 2, 2]  # windows of 10 s: none is quiet before one began after t=6
+
+
+def test_recent_scrape_is_about_an_interval_old() -> None:
+    """Arrivals are counted since the newest scrape at least 3/4 interval old: a decision 2 s after the last
+    reads those 2 s; a confirmation 0.5 s after a decision reads from the scrape before it."""
+    from collections import deque
+
+    from services.planner.service import recent_scrape
+
+    snaps = [FrontendSnapshot((), (), float(i), 0, 0, 0) for i in range(4)]
+    history = deque([(0.0, snaps[0]), (2.0, snaps[1]), (4.0, snaps[2])])
+    assert recent_scrape(history, 4.0, 2.0) == (2.0, snaps[1])
+    history.append((4.5, snaps[3]))
+    assert recent_scrape(history, 4.5, 2.0) == (2.0, snaps[1])
+    assert recent_scrape(deque([(0.0, snaps[0]), (0.5, snaps[1])]), 0.5, 2.0) == (0.0, snaps[0])
