@@ -201,7 +201,7 @@ class FrontendService:
 
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
-        if not offload_tokenization(num_chars):
+        if not offload_tokenization(num_chars, self.tokenizer.offload_min_chars):
             return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
