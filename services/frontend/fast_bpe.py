@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import re
+
 import regex
 from tokenizers import Tokenizer
 
@@ -84,6 +86,51 @@ def split_pattern(spec: dict[str, Any]) -> str | None:
     return split["pattern"]["Regex"]
 
 
+def ascii_pattern(pattern: str) -> str | None:
+    """``pattern`` for ASCII-only text in the stdlib's ``re`` (~2x faster than ``regex`` on \\p classes).
+
+    On ASCII, a letter is [A-Za-z] and a number [0-9]; other Unicode property classes are not translated
+    (None). Compile the result with ``re.ASCII``.
+    """
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            two = pattern[i:i + 2]
+            if two in ("\\p", "\\P"):
+                end = pattern.find("}", i)
+                name = pattern[i + 3:end] if pattern[i + 2:i + 3] == "{" and end > 0 else None
+                ranges = {"L": "A-Za-z", "N": "0-9"}.get(name or "") if two == "\\p" else None
+                if ranges is None:
+                    return None
+                out.append(ranges if in_class else f"[{ranges}]")
+                i = end + 1
+                continue
+            out.append(two)
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            i += 1
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a "]" first in a class is a literal
+                out.append("]")
+                i += 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        elif ch == "[" and in_class:
+            return None  # nested sets are `regex`-only syntax
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def unsupported_reason(spec: dict[str, Any]) -> str:
     """Why ``spec`` (a parsed tokenizer.json) cannot take the fast path; "" when it can."""
     model = spec.get("model") or {}
@@ -133,6 +180,11 @@ class PieceEncoder:
         self._model = tokenizer.model
         self._split = regex.compile(pattern)
         self._alphabet = byte_level_alphabet()
+        translated = ascii_pattern(pattern)
+        try:
+            self._ascii_split = re.compile(translated, re.ASCII) if translated is not None else None
+        except re.error:
+            self._ascii_split = None
         # HF matches added tokens leftmost-longest, those not normalized first, then the normalized ones in what
         # is left; an alternation tried longest first finds the same matches.
         self._added_ids = {content: tokenizer.token_to_id(content) for content, _ in added}
@@ -143,18 +195,27 @@ class PieceEncoder:
         self._char_agrees: dict[str, bool] = {}
         self.num_fallbacks = 0  # texts HF encoded whole because a character's class was in doubt
         self._ascii_agrees = all(self._agrees(chr(c)) for c in range(128))
+        # Used for ASCII-only text when it splits every ASCII character as the tokenizer does.
+        if self._ascii_split is not None and (self._ascii_split.groups or not all(
+                self._agrees(chr(c), self._ascii_split) for c in range(128))):
+            self._ascii_split = None
 
     def encode(self, text: str) -> list[int]:
-        if not ((self._ascii_agrees and text.isascii()) or self._all_agree(text)):
+        is_ascii = text.isascii()
+        if not ((self._ascii_agrees and is_ascii) or self._all_agree(text)):
             self.num_fallbacks += 1
             return self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        fast_split = self._ascii_split if is_ascii else None
         out: list[int] = []
         for segment in self._segments(text):
             added_id = self._added_ids.get(segment)
             if added_id is not None:
                 out.append(added_id)
                 continue
-            pieces = self._split.findall(segment, concurrent=len(segment) >= CONCURRENT_SPLIT_MIN_CHARS)
+            if fast_split is not None and len(segment) < CONCURRENT_SPLIT_MIN_CHARS:
+                pieces = fast_split.findall(segment)
+            else:
+                pieces = self._split.findall(segment, concurrent=len(segment) >= CONCURRENT_SPLIT_MIN_CHARS)
             get = self._ids.get
             for piece in pieces:
                 out.extend(get(piece) or self._bpe(piece))
@@ -191,20 +252,23 @@ class PieceEncoder:
                 return False
         return True
 
-    def _agrees(self, c: str) -> bool:
-        """Whether the tokenizer's pre-tokenizer and this module's regex split ``c`` alike in every probe."""
+    def _agrees(self, c: str, split: re.Pattern | regex.Pattern | None = None) -> bool:
+        """Whether the tokenizer's pre-tokenizer and ``split`` (default: the ``regex`` one) split ``c`` alike in
+        every probe; remembered for the default."""
         pre = self._tokenizer.pre_tokenizer
         alphabet = self._alphabet
+        splitter = split or self._split
         ok = True
         for probe in _PROBES:
             s = probe.format(c=c)
             try:
                 theirs = [p for p, _ in pre.pre_tokenize_str(s)]
-                ours = ["".join(alphabet[b] for b in p.encode()) for p in self._split.findall(s)]
+                ours = ["".join(alphabet[b] for b in p.encode()) for p in splitter.findall(s)]
             except (UnicodeEncodeError, ValueError, TypeError):  # a lone surrogate: left to HF and its error
                 theirs, ours = [], [None]
             if theirs != ours:
                 ok = False
                 break
-        self._char_agrees[c] = ok
+        if split is None:
+            self._char_agrees[c] = ok
         return ok

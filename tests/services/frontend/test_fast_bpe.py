@@ -12,7 +12,14 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, tr
 
 from bench.lib.graph import tiny_model_dir
 from services.frontend import fast_bpe
-from services.frontend.fast_bpe import GPT2_PATTERN, PieceEncoder, fast_path, split_pattern, unsupported_reason
+from services.frontend.fast_bpe import (
+    GPT2_PATTERN,
+    PieceEncoder,
+    ascii_pattern,
+    fast_path,
+    split_pattern,
+    unsupported_reason,
+)
 from services.frontend.tokenizer import ModelTokenizer
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -36,7 +43,9 @@ def random_texts(num: int, seed: int) -> list[str]:
     texts = ["", " ", "\n", SPECIALS[1] + SPECIALS[2], "a" + SPECIALS[0] + "b"]
     for _ in range(num):
         parts = [rng.choice(_CHUNKS) for _ in range(rng.randint(1, 30))]
-        if rng.random() < 0.3:  # any code point at all, outside the surrogates
+        if rng.random() < 0.2:  # any ASCII character, control characters included
+            parts = ["".join(chr(rng.randint(0, 127)) for _ in range(rng.randint(1, 40)))]
+        elif rng.random() < 0.3:  # any code point at all, outside the surrogates
             parts += [chr(rng.choice([rng.randint(0x80, 0xD7FF), rng.randint(0xE000, 0x10FFFF)]))
                       for _ in range(rng.randint(1, 5))]
             rng.shuffle(parts)
@@ -100,6 +109,7 @@ def test_every_accepted_shape_gives_the_tokenizers_ids(shaped):
     tok, spec = shaped
     path = fast_path(tok, spec)
     assert path.reason == "" and path.encoder is not None
+    assert path.encoder._ascii_split is not None  # ASCII text takes the stdlib `re` splitter
     for text in stdlib_texts() + random_texts(300, seed=2):
         assert path.encoder.encode(text) == hf_ids(tok, text), repr(text[:200])
 
@@ -177,3 +187,16 @@ def test_split_pattern_of_each_shape():
     assert split_pattern(GPT2_SPEC) == GPT2_PATTERN
     assert split_pattern({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [SPLIT, BYTES]}}) == QWEN2_PATTERN
     assert split_pattern({"pre_tokenizer": None}) is None
+
+
+@pytest.mark.parametrize("pattern, ascii", [
+    (GPT2_PATTERN, r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"""),
+    (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}", r"[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"),
+    (r"[]\p{L}]x", r"[]A-Za-z]x"),  # "]" first in a set is a literal
+    (r"\\p{L}", r"\\p{L}"),  # an escaped backslash, then "p{L}" as text
+    (r"\p{Lu}+", None),
+    (r"\P{L}", None),
+    (r"[\p{L}--[a]]", None),
+])
+def test_ascii_pattern(pattern, ascii):
+    assert ascii_pattern(pattern) == ascii
