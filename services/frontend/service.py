@@ -99,7 +99,8 @@ class FrontendService:
             if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
-                     model=self.config.model_name)
+                     model=self.config.model_name,
+                     fast_encoder=self.tokenizer.fast_path.reason or "on")
             if ready is not None:
                 ready.set()
 
