@@ -99,7 +99,8 @@ class FrontendService:
             if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
-                     model=self.config.model_name)
+                     model=self.config.model_name,
+                     fast_encoder=self.tokenizer.fast_path.reason or "on")
             if ready is not None:
                 ready.set()
 
@@ -201,7 +202,7 @@ class FrontendService:
 
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
-        if not offload_tokenization(num_chars):
+        if not offload_tokenization(num_chars, self.tokenizer.offload_min_chars):
             return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 

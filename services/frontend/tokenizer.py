@@ -17,6 +17,8 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from common.errors import ModelError
+from services.frontend.context import FAST_OFFLOAD_MIN_CHARS, OFFLOAD_MIN_CHARS
+from services.frontend.fast_bpe import FastPath, fast_path
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -51,6 +53,8 @@ class ModelTokenizer:
             self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:
             raise ModelError(f"{model_dir}/tokenizer.json could not be loaded: {exc}") from exc
+        # Exact and ~4x cheaper than HF's own encode where the tokenizer's shape allows (fast_bpe.py).
+        self.fast_path: FastPath = fast_path(self.tokenizer, _read_json(model_dir / "tokenizer.json"))
         config = _read_json(model_dir / "config.json")
         tok_config = _read_json(model_dir / "tokenizer_config.json")
         gen_config = _read_json(model_dir / "generation_config.json")
@@ -82,10 +86,17 @@ class ModelTokenizer:
         self.chat_template_source: str = template or ""
 
     @property
+    def offload_min_chars(self) -> int:
+        """Prompts of at least this many characters are templated and encoded off the event loop."""
+        return OFFLOAD_MIN_CHARS if self.fast_path.encoder is None else FAST_OFFLOAD_MIN_CHARS
+
+    @property
     def has_chat_template(self) -> bool:
         return self._template is not None
 
     def encode(self, text: str) -> list[int]:
+        if self.fast_path.encoder is not None:
+            return self.fast_path.encoder.encode(text)
         # The batch "fast" path skips character offsets (unused here): same ids, ~25% less CPU on long prompts.
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 

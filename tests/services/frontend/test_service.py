@@ -79,8 +79,11 @@ async def test_long_prompts_are_tokenized_off_the_event_loop() -> None:
             return real(messages, **kwargs)
 
         service.tokenizer.apply_chat_template = record
-        await call(service, "POST", "/v1/chat/completions", chat("a fox jumps " * 1000))  # 12,000 characters
-        assert seen and seen[0] is not loop_thread
+        await call(service, "POST", "/v1/chat/completions", chat("a fox jumps"))
+        assert seen == [loop_thread]  # short: a hand-off would cost more than the work
+        long_text = "a fox jumps " * (service.tokenizer.offload_min_chars // 12 + 1)
+        await call(service, "POST", "/v1/chat/completions", chat(long_text))
+        assert len(seen) == 2 and seen[1] is not loop_thread
 
 
 async def test_seed_outside_64_bits_and_deep_nesting_are_400() -> None:
