@@ -27,8 +27,12 @@ from tokenizers import Tokenizer
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # Pieces longer than this are encoded but not cached: a long run of digits or symbols rarely repeats.
 MAX_CACHED_PIECE_CHARS = 48
-# The cache is emptied when it reaches this many pieces (~200 bytes each): bounded memory, no LRU bookkeeping.
-MAX_CACHED_PIECES = 1 << 17
+# The cache is emptied when it reaches this many pieces (~250 bytes each, ~4 MiB in all): bounded memory, no LRU
+# bookkeeping; 16K distinct words cover nearly all of ordinary prose.
+MAX_CACHED_PIECES = 1 << 14
+# A text with a longer piece (a base64 blob, a run of one letter) goes to HF whole: BPE of one huge word is
+# slow, and HF does it with the GIL released.
+MAX_FAST_PIECE_CHARS = 256
 # Texts this long are split with the GIL released (`regex`'s concurrent mode), so a pool thread encoding a
 # long prompt leaves the event loop's thread free; below it the hand-off costs more than it frees.
 CONCURRENT_SPLIT_MIN_CHARS = 16384  # context.FAST_OFFLOAD_MIN_CHARS
@@ -193,7 +197,7 @@ class PieceEncoder:
                               for group in ([c for c, n in added if not n], [c for c, n in added if n]) if group]
         self._ids: dict[str, tuple[int, ...]] = {}
         self._char_agrees: dict[str, bool] = {}
-        self.num_fallbacks = 0  # texts HF encoded whole because a character's class was in doubt
+        self.num_fallbacks = 0  # texts HF encoded whole: a character's class in doubt, or a piece too long
         self._ascii_agrees = all(self._agrees(chr(c)) for c in range(128))
         # Used for ASCII-only text when it splits every ASCII character as the tokenizer does.
         if self._ascii_split is not None and (self._ascii_split.groups or not all(
@@ -218,7 +222,13 @@ class PieceEncoder:
                 pieces = self._split.findall(segment, concurrent=len(segment) >= CONCURRENT_SPLIT_MIN_CHARS)
             get = self._ids.get
             for piece in pieces:
-                out.extend(get(piece) or self._bpe(piece))
+                ids = get(piece)
+                if ids is None:
+                    if len(piece) > MAX_FAST_PIECE_CHARS:
+                        self.num_fallbacks += 1
+                        return self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+                    ids = self._bpe(piece)
+                out.extend(ids)
         return out
 
     def _segments(self, text: str) -> list[str]:

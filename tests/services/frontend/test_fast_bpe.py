@@ -132,6 +132,14 @@ def test_an_encoder_that_differs_on_ascii_encodes_nothing_itself(tiny):
     assert encoder.num_fallbacks == 1
 
 
+def test_a_text_with_a_huge_piece_goes_to_the_tokenizer_whole(tiny):
+    tok, spec = tiny
+    encoder = fast_path(tok, spec).encoder
+    text = "see " + "ab" * 200 + " and " + "7" * 300 + " end"
+    assert encoder.encode(text) == hf_ids(tok, text)
+    assert encoder.num_fallbacks == 1
+
+
 def test_a_spec_that_misdescribes_the_tokenizer_fails_the_sample_check(tiny):
     _, spec = tiny
     tok = Tokenizer.from_str(json.dumps(spec))
