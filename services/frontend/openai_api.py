@@ -190,10 +190,13 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
 
 def refuse_unsupported(req: Any, table: dict[str, tuple[tuple[Any, ...], str]] | None = None) -> None:
     """A 400 for the first declared field set to a value this server does not serve (``table``: more fields)."""
-    for name, (allowed, why) in {**UNSUPPORTED, **(table or {})}.items():
-        if name not in req.__struct_fields__:
+    fields = req.__struct_fields__
+    for name, (allowed, why) in (UNSUPPORTED if table is None else {**UNSUPPORTED, **table}).items():
+        if name not in fields:
             continue
         value = getattr(req, name)
+        if value is None and None in allowed:  # the usual case: not sent
+            continue
         if not any(value == ok and type(value) is type(ok) for ok in allowed):
             raise ApiError(400, why, param=name, code="unsupported_field")
 
