@@ -4,7 +4,6 @@ import pytest
 
 from bench.lib.graph import Graph, start_graph
 from cli.ports import free_port
-from tests.e2e.reference import Reference
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +43,3 @@ def mock_kv2(tmp_path_factory) -> Graph:
                         "--router-metrics-port", str(free_port()))
     yield graph
     graph.stop()
-
-
-@pytest.fixture(scope="session")
-def vllm_reference(tmp_path_factory) -> Reference:
-    """One vLLM engine doing both, its outputs kept for the session (tests/e2e/reference.py)."""
-    return Reference(tmp_path_factory.mktemp("vllm-reference"))

@@ -22,6 +22,7 @@ from tests.e2e.reference import VLLM_ARGS, Reference, complete, prompt
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
 from tests.e2e.test_vllm_disagg_push import LENGTHS as PUSH_LENGTHS
+from tests.multihost.test_vllm_hosts import LENGTHS as HOSTS_LENGTHS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
@@ -59,8 +60,9 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, vllm_refer
             out = complete(agg, prompt(n, salt=n))
             vllm_reference.record(prompt(n, salt=n), out)
             assert out == pd[n], f"prompt of {n} tokens"
-        # While this engine is up: the push test's prompts (tests/e2e/test_vllm_disagg_push.py then starts none).
-        vllm_reference.outputs([], extra=[prompt(n, salt=n) for n in PUSH_LENGTHS], graph=agg)
+        # While this engine is up: the prompts of the later tests that compare with one engine (the push test's,
+        # the multihost one's: it salts each prompt by its length too); they then start none.
+        vllm_reference.outputs([], extra=[prompt(n, salt=n) for n in (*PUSH_LENGTHS, *HOSTS_LENGTHS)], graph=agg)
         # Negative control: equality above only proves the pulled KV right if wrong KV would change the output.
         # The same prompts with one early block's tokens changed (its KV then differs, as a corrupted pull's
         # would) must give other outputs; a model blind to its context would pass the equality with any KV.
