@@ -56,7 +56,7 @@ class Reference:
         agg = graph
         if agg is None:
             self.num_starts += 1
-            # No kvtier: nothing is onboarded from it (the prompts share no prefix) and it costs CPU at start-up.
+            # No kvtier: one engine's outputs do not depend on it, and it costs CPU at start-up.
             agg = start_graph(self._log_dir, *VLLM_ARGS, "--aggregated", "1", "--no-kvtier",
                               log_name=f"reference-{self.num_starts}.log")
         try:
