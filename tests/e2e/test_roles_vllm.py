@@ -92,6 +92,10 @@ def test_prefill_worker_moved_to_decode_serves_transferred_kv(tmp_path, mode: st
         stop.set()
         for t in threads:
             t.join(timeout=240)
+        # A READ shows its source once a heartbeat has carried it (services/worker/transfer_sources.py): the last
+        # ones may not have gone out yet.
+        wait_until(lambda: all(t.src_worker_id for t in worker_stats(graph.router)[MOVED].recent_transfers),
+                   timeout_s=5)
         after = worker_stats(graph.router)
     finally:
         stop.set()
