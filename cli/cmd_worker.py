@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -181,13 +180,6 @@ def worker(
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
     run_service(service.run, on_term=service.drain)
-    if engine == "vllm":
-        # Stopped and cleaned up (engine processes gone, sockets closed). What is left is the interpreter's own
-        # teardown of torch/vLLM's modules: ~3 s of CPU on a loaded 2-core machine (py-spy: no Python frame
-        # left), for nothing. Exit now, with the same status, logs flushed.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 def _tier_client(endpoint: str, worker_id: str, curve=None):
