@@ -18,12 +18,14 @@ from bench.lib.graph import (
     wait_until,
     worker_stats,
 )
+from tests.e2e.reference import VLLM_ARGS, Reference, complete, prompt
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
+from tests.e2e.test_vllm_disagg_push import LENGTHS as PUSH_LENGTHS
+from tests.multihost.test_vllm_hosts import LENGTHS as HOSTS_LENGTHS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
-VLLM_ARGS = ("--engine", "vllm", "--dtype", "float32", "--local-prefill-max-tokens", "64")
 # The P/D graph's router keeps its default link prices (32 pulls before it learns; this test makes 5): which
 # side prefills then follows from the prompt lengths alone, not from how fast a loaded CI machine timed a pull
 # (one slow pull once priced the link below local prefill). Learning links from pulls is tested in
@@ -41,17 +43,7 @@ def vllm_pd(tmp_path_factory) -> Graph:
     graph.stop()
 
 
-def prompt(length: int, salt: int = 0) -> list[int]:
-    return [(97 * i + 13 * salt) % 8000 + 100 for i in range(length)]
-
-
-def complete(graph: Graph, tokens: list[int], max_tokens: int = 16) -> tuple[str, int]:
-    out = client(graph).completions.create(model=MODEL, prompt=tokens, max_tokens=max_tokens, temperature=0,
-                                           extra_body={"ignore_eos": True})
-    return out.choices[0].text, out.usage.completion_tokens
-
-
-def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) -> None:
+def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, vllm_reference: Reference, tmp_path) -> None:
     # A different salt per length: prompts must not share prefixes, or the cached part makes prefill local.
     pd = {n: complete(vllm_pd, prompt(n, salt=n)) for n in LENGTHS}
     stats = worker_stats(vllm_pd.router)
@@ -65,7 +57,12 @@ def test_disaggregated_equals_aggregated_through_http(vllm_pd: Graph, tmp_path) 
     agg = start_graph(tmp_path, *VLLM_ARGS, "--aggregated", "1")
     try:
         for n in LENGTHS:
-            assert complete(agg, prompt(n, salt=n)) == pd[n], f"prompt of {n} tokens"
+            out = complete(agg, prompt(n, salt=n))
+            vllm_reference.record(prompt(n, salt=n), out)
+            assert out == pd[n], f"prompt of {n} tokens"
+        # While this engine is up: the prompts of the later tests that compare with one engine (the push test's,
+        # the multihost one's: it salts each prompt by its length too); they then start none.
+        vllm_reference.outputs([], extra=[prompt(n, salt=n) for n in (*PUSH_LENGTHS, *HOSTS_LENGTHS)], graph=agg)
         # Negative control: equality above only proves the pulled KV right if wrong KV would change the output.
         # The same prompts with one early block's tokens changed (its KV then differs, as a corrupted pull's
         # would) must give other outputs; a model blind to its context would pass the equality with any KV.

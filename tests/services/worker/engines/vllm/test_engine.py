@@ -107,17 +107,32 @@ class SmokeEngine:
         self.proc.stdin.flush()
         return self.read(REQUEST_TIMEOUT_S)
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask the engine to shut down, without waiting (vLLM's takes seconds: engines stop side by side)."""
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            except OSError:
+                pass  # exited meanwhile, or its pipe broke: stop() kills what is left
+
+    def stop(self) -> None:
+        self.request_stop()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
         self._log.close()
+
+
+def stop_engines(*engines: SmokeEngine) -> None:
+    """Stop engines side by side: each is asked first, then each waited for."""
+    for engine in engines:
+        engine.request_stop()
+    for engine in engines:
+        engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +153,7 @@ def engines(
             assert ready["ready"], ready
         yield prefill, decode
     finally:
-        prefill.stop()
-        decode.stop()
+        stop_engines(prefill, decode)
 
 
 def _prompts() -> list[list[int]]:

@@ -21,6 +21,7 @@ from tests.services.worker.engines.vllm.test_engine import (
     SmokeEngine,
     _generate,
     _prompts,
+    stop_engines,
 )
 
 pytestmark = [
@@ -47,8 +48,7 @@ def push_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Smo
             assert ready["ready"], ready
         yield prefill, decode
     finally:
-        prefill.stop()
-        decode.stop()
+        stop_engines(prefill, decode)
 
 
 def _pushed(prefill: SmokeEngine, decode: SmokeEngine, rid: str, prompt: list[int], sampling: dict) -> list[int]:
