@@ -53,7 +53,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from common.hashing import block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
-from services.worker.engines.vllm.tier.stats import TierLoadStats
+from services.worker.engines.vllm.tier.stats import TierLoadStats, TierPromMetrics
 from services.worker.engines.vllm.tier.plan import (
     BlockPlan,
     RequestState,
@@ -302,6 +302,12 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TierLoadStats:
         return TierLoadStats(data=dict(data or {}))
 
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> TierPromMetrics:
+        # Never None: beside NIXL, vLLM's MultiConnector asserts that a child reporting stats has metrics.
+        return TierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
@@ -311,3 +317,17 @@ class SplitserveTierConnector(KVConnectorBase_V1):
             self._nixl.close()
         self.remotes.close()
         self.client.close()
+
+
+def register_with_vllm() -> None:
+    """Our name in vLLM's connector factory, in every process that imports this module (the worker, where vLLM's
+    stat loggers rebuild a MultiConnector's children by name, and the engine core, which imports it by path)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, MODULE_PATH, SplitserveTierConnector.__name__)
+    except ValueError:
+        pass  # registered already (this module imported twice, or a re-import in tests)
+
+
+register_with_vllm()
