@@ -29,8 +29,9 @@ fi
 
 missing=()
 # netavark + aardvark-dns: compose service names resolve between containers (CNI alone has no DNS here);
-# catatonit: compose's `init: true`.
-for pkg in podman runc debootstrap netavark aardvark-dns catatonit uidmap slirp4netns fuse-overlayfs; do
+# catatonit: compose's `init: true`; iptables: netavark runs it to set up every network, a build's RUN steps
+# included ("netavark: No such file or directory" without it; only a Recommends of Debian's podman).
+for pkg in podman runc debootstrap netavark aardvark-dns catatonit uidmap slirp4netns fuse-overlayfs iptables; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
