@@ -29,6 +29,9 @@ from cli.options import (
 )
 from cli.runner import run_service
 
+# The worker's exit status when its engine died under it (2 is a usage error; 1 any other crash).
+ENGINE_DEAD_EXIT_CODE = 3
+
 
 def worker(
     model: Path = typer.Option(..., help="HF model directory"),
@@ -179,7 +182,14 @@ def worker(
                                          transport=own_transport, metrics_port=metrics_port,
                                          metrics_host=metrics_host,
                                          drain_timeout_s=drain_timeout_s), eng)
-    run_service(service.run, on_term=service.drain)
+    from services.worker.service import EngineDied
+
+    try:
+        run_service(service.run, on_term=service.drain)
+    except EngineDied as exc:
+        # Deregistered already; a non-zero exit is what systemd, Kubernetes and `up` restart on.
+        typer.echo(f"worker {wid}: {exc}; exiting for a restart", err=True)
+        raise typer.Exit(ENGINE_DEAD_EXIT_CODE) from None
 
 
 def _tier_client(endpoint: str, worker_id: str, curve=None):

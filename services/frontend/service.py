@@ -24,6 +24,7 @@ from services.frontend.context import (
     served_context_len,
 )
 from services.frontend.dashboard import Dashboard
+from services.frontend.health import PoolCounts, count_pools, judge_health
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.loop_lag import watch_loop_lag
@@ -83,8 +84,10 @@ class FrontendService:
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
         self.port = 0
-        # (monotonic time, worker counts by role) of the last /health look at the router.
-        self._workers_cache: tuple[float, dict[str, int]] = (0.0, {"num_decode_workers": 0})
+        # (monotonic time, serving workers by pool) of the last /health look at the router, and every pool
+        # seen serving since start (one gone empty makes /health "degraded").
+        self._workers_cache: tuple[float, PoolCounts] = (0.0, PoolCounts())
+        self._pools_seen: frozenset[str] = frozenset()
         self._num_inflight = 0
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
         self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
@@ -173,15 +176,16 @@ class FrontendService:
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
             try:
-                listed = await self.pipeline.list_workers()
-                roles = [w.role for w in listed.workers if w.model == self.config.model_name]
+                counts = count_pools(await self.pipeline.list_workers(), self.config.model_name)
             except SplitserveError:
-                roles = []
-            counts = {"num_workers": len(roles), "num_decode_workers": sum(r in ("decode", "both") for r in roles),
-                      "num_prefill_workers": sum(r == "prefill" for r in roles)}
+                counts = PoolCounts()
             self._workers_cache = (now, counts)
-        ok = counts["num_decode_workers"] > 0
-        resp.send(200 if ok else 503, orjson.dumps({"status": "ok" if ok else "unavailable", **counts}))
+            self._pools_seen |= counts.pools
+        health = judge_health(counts, self._pools_seen)
+        resp.send(health.http_status, orjson.dumps({
+            "status": health.status, "reasons": health.reasons,
+            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
+            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
 
     # ----------------------------------------------------------------------------------------- generation
     def _check_model(self, model: str) -> None:

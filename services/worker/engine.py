@@ -119,5 +119,10 @@ class Engine(Protocol):
     def counters(self) -> EngineCounters:
         """Cumulative prefix-hit and transfer counters."""
 
+    def dead_reason(self) -> str:
+        """Why the engine can serve nothing more ("" while it can): its engine process died, its step loop
+        failed. Cheap: the worker asks every heartbeat, and exits when it is not "" (a dead engine does not
+        come back; the worker's supervisor starts a fresh one)."""
+
     async def shutdown(self) -> None:
         """Stop the engine and release its memory and ports."""

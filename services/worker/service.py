@@ -61,6 +61,10 @@ from services.worker.transfer_sources import TransferSources
 log = structlog.get_logger(__name__)
 
 
+class EngineDied(EngineError):
+    """The worker's engine can serve nothing more; ``WorkerService.run()`` ends with it (the CLI exits 3)."""
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     worker_id: str
@@ -109,6 +113,9 @@ class WorkerService:
         self._serving = False
         self._heartbeat_seq = 0
         self._drained = asyncio.Event()
+        # Set once the engine can serve nothing more (engine.dead_reason()): the worker deregisters and exits.
+        self._engine_dead = asyncio.Event()
+        self.dead_reason = ""
         self._last_arrival_s = 0.0  # monotonic
         # Engines with a prefix cache that reports its changes publish KV events; others don't.
         self._events = (KvEventPublisher(config.worker_id, engine)  # type: ignore[arg-type]
@@ -161,9 +168,15 @@ class WorkerService:
             background.append(serve)
             drained = loop.create_task(self._drained.wait())
             background.append(drained)
-            await asyncio.wait({serve, drained}, return_when=asyncio.FIRST_COMPLETED)
+            dead = loop.create_task(self._engine_dead.wait())
+            background.append(dead)
+            await asyncio.wait({serve, drained, dead}, return_when=asyncio.FIRST_COMPLETED)
             if serve.done():
                 serve.result()  # the serving loop's failure is ours
+            if dead.done():
+                # Replies to what is in flight go first (worker_lost: the frontend migrates each request).
+                await asyncio.sleep(0)
+                raise EngineDied(self.dead_reason)
         finally:
             for task in [*background, *self._tasks.values()]:
                 task.cancel()
@@ -256,6 +269,10 @@ class WorkerService:
         match msg:
             case Generate(request_id=rid):
                 self._last_arrival_s = time.monotonic()
+                if self._engine_is_dead():  # routed here before the router heard: the frontend migrates it
+                    self._reply(identity, ErrorReply(request_id=rid, code="worker_lost",
+                                                     message=f"worker {self.config.worker_id}: {self.dead_reason}"))
+                    return
                 if rid in self._tasks:
                     self._reply(identity, ErrorReply(request_id=rid, code="duplicate_request",
                                                            message=f"request {rid} is already running"))
@@ -300,17 +317,23 @@ class WorkerService:
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
                     logprobs=out.logprobs)
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
-        except EngineError as exc:
-            log.warning("request_failed", request_id=msg.request_id, error=str(exc))
-            self._reply(identity, ErrorReply(request_id=msg.request_id, code="engine_error", message=str(exc)))
+        except Exception as exc:
+            if self._engine_is_dead():
+                # Not this request's fault: the frontend moves it to another worker (or this one's successor).
+                log.warning("request_lost_with_engine", request_id=msg.request_id, error=repr(exc))
+                self._reply(identity, ErrorReply(request_id=msg.request_id, code="worker_lost",
+                                                 message=f"worker {self.config.worker_id}: {self.dead_reason}"))
+            elif isinstance(exc, EngineError):
+                log.warning("request_failed", request_id=msg.request_id, error=str(exc))
+                self._reply(identity, ErrorReply(request_id=msg.request_id, code="engine_error", message=str(exc)))
+            else:  # never leave the frontend waiting on a request we lost
+                log.exception("request_crashed", request_id=msg.request_id)
+                self._reply(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
+                                                 message=repr(exc)))
+                await self.engine.abort(msg.request_id)
         except asyncio.CancelledError:
             await self.engine.abort(msg.request_id)
             raise
-        except Exception as exc:  # never leave the frontend waiting on a request we lost
-            log.exception("request_crashed", request_id=msg.request_id)
-            self._reply(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
-                                                   message=repr(exc)))
-            await self.engine.abort(msg.request_id)
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
@@ -355,9 +378,24 @@ class WorkerService:
         )
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._engine_is_dead():
             self._send_heartbeat()
             await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    def _engine_is_dead(self) -> bool:
+        """Asks the engine; the first time it says it is dead: deregister from every router at once (routing
+        moves away now, not after the heartbeat timeout) and end ``run()``, so the process exits and its
+        supervisor starts a fresh engine."""
+        if self._engine_dead.is_set():
+            return True
+        reason = self.engine.dead_reason()
+        if not reason:
+            return False
+        self.dead_reason = reason
+        log.error("engine_dead", worker_id=self.config.worker_id, reason=reason, num_requests=len(self._tasks))
+        send_all(self._links, Unregister(worker_id=self.config.worker_id))
+        self._engine_dead.set()
+        return True
 
     def _send_heartbeat(self) -> None:
         self._heartbeat_seq += 1

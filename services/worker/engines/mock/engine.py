@@ -138,6 +138,14 @@ class MockEngine:
             prefill_tokens_per_s=self._prefill_tokens_per_s,
         )
 
+    def dead_reason(self) -> str:
+        if self._failure is not None:
+            return f"mock engine failed: {self._failure!r}"
+        task = self._task
+        if task is not None and task.done() and not self._closed:
+            return "mock engine's step loop ended"
+        return ""
+
     def counters(self) -> EngineCounters:
         """Cumulative counts; ``transfer_seconds`` holds the transfers finished since the previous call."""
         return EngineCounters(

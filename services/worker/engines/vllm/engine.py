@@ -282,6 +282,13 @@ class VllmEngine:
         if self._llm is not None:
             await self._llm.abort(request_id)
 
+    def dead_reason(self) -> str:
+        # AsyncLLM.errored: its EngineCore process died (killed, OOM, a crash in a connector) or its output
+        # handler ended; every request after that fails with EngineDeadError, so this engine is done for good.
+        if self._llm is not None and self._llm.errored:
+            return "vLLM engine core is dead (EngineDeadError)"
+        return ""
+
     def load(self) -> WorkerLoad:
         used = round(self._stats.kv_cache_usage * self.num_blocks)
         busy = bool(self._in_flight)
