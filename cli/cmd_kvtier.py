@@ -55,10 +55,15 @@ def kvtier(
     from services.kvtier.pool import GIB
     from services.kvtier.service import KvTierConfig, KvTierService
 
-    from common.addresses import check_bind_advertise
+    from common.addresses import check_bind_advertise, loopback_to_remote_router
 
     configure_logging(log_level, log_json, "kvtier")
     address_checked(check_bind_advertise, endpoint, advertise_endpoint or "", "--endpoint", "--advertise")
+    if loopback_to_remote_router(advertise_endpoint or endpoint, router_endpoint):
+        typer.echo(f"note: kvtier registers {advertise_endpoint or endpoint}, a loopback address, with a router on "
+                   "another host: it serves workers on this host only (the router names it to no other); give "
+                   "--endpoint tcp://0.0.0.0:PORT --advertise HOST for workers on other hosts to load from it",
+                   err=True)
     disk_dir, made_dir = disk_cache_dir, None
     if disk_cache_gb > 0 and disk_dir is None:
         # A private directory (mkdtemp: unpredictable name, mode 0700), removed when kvtier stops.

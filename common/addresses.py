@@ -167,3 +167,22 @@ def default_events_bind(router_endpoint: str) -> str:
 
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def reachable_off_host(endpoint: str) -> bool:
+    """Whether a peer on another host can dial ``endpoint`` as told: not a loopback tcp:// address, not ipc://
+    or inproc:// (a kvtier bound to 127.0.0.1 beside its worker is node-local: the router never names it to a
+    worker on another node, which would dial its own loopback)."""
+    try:
+        parsed = parse_tcp(endpoint)
+    except AddressError:
+        return False
+    return parsed is not None and not is_loopback(parsed.host) and not is_wildcard(parsed.host)
+
+
+def loopback_to_remote_router(advertised: str, router_endpoints: str) -> bool:
+    """A service registers a loopback address (``advertised``) with a router on another host (any of the
+    comma-separated ``router_endpoints`` not on loopback): peers on other hosts cannot use it."""
+    if reachable_off_host(advertised) or not advertised.startswith("tcp://"):
+        return False
+    return any(reachable_off_host(r.strip()) for r in router_endpoints.split(",") if r.strip())

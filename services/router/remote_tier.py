@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from common.addresses import reachable_off_host
 from common.kvtier.sources import Link as TierLink
 from common.kvtier.sources import RemoteTierPick, TierRun, pick_remote_tier
 from common.protocol import RegisterTier, WorkerInfo, WorkerLoad
@@ -21,8 +22,9 @@ from services.router.topology import Place, Topology
 def remote_tier(worker: WorkerInfo, load: WorkerLoad, tiers: Mapping[str, RegisterTier], index: PrefixIndex,
                 topology: Topology, cost: CostConfig, hashes: Sequence[int], num_prompt_tokens: int,
                 block_size: int) -> RemoteTierPick:
+    # A tier registered at a loopback address serves its own node only: a worker elsewhere would dial itself.
     runs = [TierRun(tier_id, info.endpoint, info.node, index.source_run(tier_id, hashes))
-            for tier_id, info in tiers.items()]
+            for tier_id, info in tiers.items() if info.node == worker.node or reachable_off_host(info.endpoint)]
     zones = {info.node: info.zone for info in tiers.values()}
     dst = Place(worker.node, worker.zone)
 

@@ -15,6 +15,8 @@ from common.addresses import (
     default_events_bind,
     dialable,
     is_loopback,
+    loopback_to_remote_router,
+    reachable_off_host,
     is_wildcard,
     nixl_advertise_host,
     parse_tcp,
@@ -191,3 +193,23 @@ def test_a_pushing_decode_engine_binds_a_dialable_side_channel(nixl_host: str, k
             check_push_side_channel(nixl_host, kv_transfer, role)
     else:
         check_push_side_channel(nixl_host, kv_transfer, role)
+
+
+@pytest.mark.parametrize(("endpoint", "reachable"), [
+    ("tcp://10.0.0.5:5570", True), ("tcp://kvtier-b:5570", True), ("tcp://[fd00::5]:5570", True),
+    ("tcp://127.0.0.1:5570", False), ("tcp://localhost:5570", False), ("tcp://[::1]:5570", False),
+    ("tcp://0.0.0.0:5570", False), ("ipc:///run/kvtier.sock", False), ("tcp://nonsense", False),
+])
+def test_reachable_off_host(endpoint: str, reachable: bool) -> None:
+    assert reachable_off_host(endpoint) is reachable
+
+
+@pytest.mark.parametrize(("advertised", "routers", "expected"), [
+    ("tcp://127.0.0.1:5570", "tcp://10.0.0.1:5550", True),  # the case that named kvtier-b to C
+    ("tcp://127.0.0.1:5570", "tcp://127.0.0.1:5550,tcp://10.0.0.1:5550", True),  # one replica elsewhere is enough
+    ("tcp://127.0.0.1:5570", "tcp://127.0.0.1:5550", False),  # one host: loopback is right
+    ("tcp://10.0.0.2:5570", "tcp://10.0.0.1:5550", False),
+    ("tcp://127.0.0.1:5570", "", False),  # standalone
+])
+def test_loopback_to_remote_router(advertised: str, routers: str, expected: bool) -> None:
+    assert loopback_to_remote_router(advertised, routers) is expected

@@ -55,3 +55,17 @@ def test_source_run_counts_leading_blocks_in_any_tier() -> None:
     index.apply("t-b", BlockStored(block_hashes=(REQ[5],), parent_hash=REQ[4], tier="host"))  # after a gap
     assert index.source_run("t-b", REQ) == 4
     assert index.source_run("t-d", REQ) == 0 and index.source_run("t-b", []) == 0
+
+
+def test_a_tier_registered_at_loopback_is_never_named_to_another_node() -> None:
+    # kvtier-b bound 127.0.0.1 beside its worker on B: C's decode worker would dial its own loopback.
+    tiers = {**TIERS, "t-b": RegisterTier(request_id="r", tier_id="t-b", endpoint="tcp://127.0.0.1:5570", node="b")}
+    pick = remote_tier(WORKER, WorkerLoad(), tiers, index_with({"t-b": 9, "t-d": 0}), Topology(), CostConfig(), REQ,
+                       len(REQ) * BS + 1, BS)
+    assert (pick.tier, pick.reason) == (None, "no_longer_run")
+    # Its own node's workers still count it as their own tier (nothing remote is needed past its run).
+    own = WorkerInfo(worker_id="w-b", role="both", model="m", block_size=BS, num_blocks=64, endpoint="tcp://b:1",
+                     node="b", kv_bytes_per_token=4096)
+    pick = remote_tier(own, WorkerLoad(), tiers, index_with({"t-b": 9, "t-d": 9}), Topology(), CostConfig(), REQ,
+                       len(REQ) * BS + 1, BS)
+    assert pick.tier is None and pick.reason == "no_longer_run"
