@@ -17,6 +17,7 @@ from cli.cmd_router import router
 from cli.cmd_sizing import plan, profile
 from cli.cmd_tools import keys_make, make_tiny
 from cli.cmd_up import up
+from cli.cmd_workers import workers
 from cli.cmd_worker import worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Disaggregated LLM serving.")
@@ -25,10 +26,12 @@ keys_app = typer.Typer(no_args_is_help=True, help="ZeroMQ CURVE keys.")
 app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
 app.add_typer(bench_app, name="bench")
-# `splitserve router [OPTIONS]` runs the router; `splitserve router set-role WORKER ROLE` asks one to move a worker.
+# `splitserve router [OPTIONS]` runs the router; `splitserve router set-role WORKER ROLE` asks one to move a worker;
+# `splitserve router workers` lists what it has registered.
 router_app = typer.Typer(help="Run the router (no subcommand), or ask a running one to act.")
 router_app.callback(invoke_without_command=True)(router)
 router_app.command("set-role")(set_role)
+router_app.command("workers")(workers)
 app.add_typer(router_app, name="router")
 
 for command in (worker, kvtier, frontend, up, profile, plan):
