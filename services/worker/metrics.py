@@ -28,6 +28,13 @@ class WorkerMetrics:
             "prefix_hits": Counter("splitserve_worker_prefix_hits", "Prefix-cache hits (engine's unit)", names,
                                    registry=r),
         }
+        # By kind (prefill: the prompt only, for a decode worker elsewhere; generate: a whole request) and outcome
+        # (finished, failed, lost with the engine, cancelled): labelled apart from the per-role gauges above.
+        self._requests = Counter("splitserve_worker_requests", "Requests this worker ended, by kind and outcome",
+                                 [*names, "kind", "outcome"], registry=r)
+        self._prompt_tokens = Counter("splitserve_worker_prompt_tokens", "Prompt tokens of the requests it ended",
+                                      [*names, "kind"], registry=r)
+        self._request_labels: set[tuple[str, str]] = set()  # (kind, outcome) series made under the role now
         self._worker_id = worker_id
         self._role = ""
         self.set_role(role)
@@ -41,6 +48,11 @@ class WorkerMetrics:
         if self._role:
             for family in self._families.values():
                 family.remove(self._worker_id, self._role)
+            for kind, outcome in self._request_labels:
+                self._requests.remove(self._worker_id, self._role, kind, outcome)
+            for kind in {kind for kind, _ in self._request_labels}:
+                self._prompt_tokens.remove(self._worker_id, self._role, kind)
+            self._request_labels.clear()
         self._role = role
         c = {name: family.labels(worker_id=self._worker_id, role=role) for name, family in self._families.items()}
         self._running, self._waiting, self._kv_used, self._kv_total = (c["running"], c["waiting"], c["kv_used"],
@@ -63,6 +75,11 @@ class WorkerMetrics:
         for seconds in counters.transfer_seconds:  # drained by the engine on each counters() call
             self._transfer_seconds.observe(seconds)
         self._last = counters
+
+    def request_done(self, kind: str, outcome: str, num_prompt_tokens: int) -> None:
+        self._request_labels.add((kind, outcome))
+        self._requests.labels(worker_id=self._worker_id, role=self._role, kind=kind, outcome=outcome).inc()
+        self._prompt_tokens.labels(worker_id=self._worker_id, role=self._role, kind=kind).inc(num_prompt_tokens)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -308,9 +308,18 @@ class WorkerService:
                                 kvtier_remote=msg.kvtier_remote)
         if msg.kv_transfer is not None:
             self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
+        # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
+        # pulled or pushed from a prefill worker when kv_transfer is set, else prefilled here).
+        kind = "prefill" if msg.prefill_only else "generate"
+        started_s = time.monotonic()
+        outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
         try:
             async for out in self.engine.generate(request):
                 self._transfer_sources.finished(msg.request_id)
+                num_output_tokens += len(out.token_ids)
+                num_cached_tokens = out.num_cached_tokens
+                if out.finish_reason is not None:
+                    outcome, finish_reason = "finished", out.finish_reason
                 tokens = Tokens(
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
@@ -324,19 +333,29 @@ class WorkerService:
                 self._reply(identity, ErrorReply(request_id=msg.request_id, code="worker_lost",
                                                  message=f"worker {self.config.worker_id}: {self.dead_reason}"))
             elif isinstance(exc, EngineError):
+                outcome = "failed"
                 log.warning("request_failed", request_id=msg.request_id, error=str(exc))
                 self._reply(identity, ErrorReply(request_id=msg.request_id, code="engine_error", message=str(exc)))
             else:  # never leave the frontend waiting on a request we lost
+                outcome = "failed"
                 log.exception("request_crashed", request_id=msg.request_id)
                 self._reply(identity, ErrorReply(request_id=msg.request_id, code="internal_error",
                                                  message=repr(exc)))
                 await self.engine.abort(msg.request_id)
         except asyncio.CancelledError:
+            outcome = "cancelled"
             await self.engine.abort(msg.request_id)
             raise
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
+            # One line a request at info: where each prompt was prefilled is visible on the worker itself.
+            log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
+                     num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
+                     num_output_tokens=num_output_tokens,
+                     kv_transfer=msg.kv_transfer.mode if msg.kv_transfer is not None else "",
+                     duration_ms=round((time.monotonic() - started_s) * 1000, 1))
+            self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
