@@ -172,6 +172,9 @@ def worker(
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
             os.sched_setaffinity(0, {core})
         reexec_with_engine_env(engine_process_env(config, core))
+        from cli.engine_reaper import start_engine_reaper
+
+        start_engine_reaper()  # before vLLM starts its engine processes: they die with us, even by SIGKILL
         eng = VllmEngine(config)
     else:
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")

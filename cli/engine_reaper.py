@@ -1,0 +1,78 @@
+"""A worker's engine processes die with it, however it dies.
+
+vLLM runs its engine core (and, on CPU, a model worker) as child processes of the worker. When the worker exits
+normally it stops them; when it is killed (SIGKILL, the kernel's OOM killer) they live on as orphans: holding
+their memory (GPU memory on a GPU host) and the NIXL side-channel port, so the restarted worker on that host
+fails with "Address already in use" and the host serves nothing until someone kills them by hand.
+
+``start_engine_reaper()`` forks a small watcher before any engine process exists. It notes the worker's
+descendants every ``poll_s`` and waits on a pipe only the worker holds; when the worker is gone (EOF), it
+SIGKILLs every noted process still alive (the same process: pid and start time) and exits. It ignores SIGINT
+and SIGTERM (a graceful stop is the worker's to do), and the pipe is not inherited by the engine's processes, so
+only the worker's own death closes it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+
+POLL_S = 1.0
+
+
+def start_engine_reaper(poll_s: float = POLL_S) -> int:
+    """Fork the watcher of this process's descendants; its pid. Call before the engine starts threads."""
+    import psutil  # imported here, not in the forked child: a child of a threaded parent should import nothing
+
+    try:
+        from setproctitle import setproctitle  # vLLM's dependency: `ps` tells the reaper from the worker
+    except ImportError:
+        setproctitle = None
+
+    read_fd, write_fd = os.pipe()  # non-inheritable: vLLM's spawned processes do not hold the write end
+    watched = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_fd)
+        if setproctitle is not None:
+            setproctitle(f"splitserve-engine-reaper (worker {watched})")
+        try:
+            _watch(psutil, watched, read_fd, poll_s)
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    # Held open until this process ends: its death, and only that, closes the pipe.
+    _held_fds.append(write_fd)
+    return pid
+
+
+_held_fds: list[int] = []
+
+
+def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    me = os.getpid()
+    known: dict[int, float] = {}  # pid -> create time (a reused pid is another process: left alone)
+    try:
+        parent = psutil.Process(watched)
+    except psutil.Error:
+        return
+    while True:
+        readable, _, _ = select.select([read_fd], [], [], poll_s)
+        if readable:  # EOF (or a stray byte): the worker is gone
+            break
+        try:
+            for child in parent.children(recursive=True):
+                if child.pid != me:
+                    known[child.pid] = child.create_time()
+        except psutil.Error:
+            break
+    for child_pid, created in known.items():
+        try:
+            child = psutil.Process(child_pid)
+            if child.create_time() == created:
+                child.kill()
+        except psutil.Error:
+            continue  # gone already: the worker stopped it

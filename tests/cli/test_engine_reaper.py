@@ -1,0 +1,61 @@
+"""A worker killed -9 takes its engine processes with it (cli/engine_reaper.py): real processes, a real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from bench.lib.graph import wait_until
+
+# The "worker": starts the reaper, then an "engine core" child (and its own child), prints their pids, waits.
+WORKER = textwrap.dedent("""
+    import subprocess, sys, time
+    from cli.engine_reaper import start_engine_reaper
+    reaper = start_engine_reaper(poll_s=0.1)
+    core = subprocess.Popen([sys.executable, "-c",
+                             "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(600)']); time.sleep(600)"])
+    time.sleep(0.5)  # the reaper notes both
+    print(reaper, core.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _start_worker() -> tuple[subprocess.Popen[str], int, list[psutil.Process]]:
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    reaper_pid, core_pid = (int(x) for x in worker.stdout.readline().split())
+    core = psutil.Process(core_pid)
+    assert wait_until(lambda: len(core.children()) == 1, timeout_s=10)
+    return worker, reaper_pid, [core, *core.children()]
+
+
+def _gone(procs: list[psutil.Process]) -> bool:
+    return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
+
+
+def test_sigkilled_worker_takes_its_engine_processes_with_it() -> None:
+    worker, reaper_pid, engine = _start_worker()
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    assert wait_until(lambda: _gone(engine), timeout_s=10), [p.pid for p in engine if p.is_running()]
+    assert wait_until(lambda: not psutil.pid_exists(reaper_pid) or
+                      psutil.Process(reaper_pid).status() == psutil.STATUS_ZOMBIE, timeout_s=10)
+
+
+def test_the_reaper_outlives_a_sigterm_and_acts_only_when_the_worker_is_gone() -> None:
+    worker, reaper_pid, engine = _start_worker()
+    try:
+        os.kill(reaper_pid, signal.SIGTERM)  # a graceful stop signalled to the whole group reaches it too
+        time.sleep(0.3)
+        assert psutil.Process(reaper_pid).is_running() and all(p.is_running() for p in engine)
+    finally:
+        worker.kill()
+        worker.wait(10)
+    assert wait_until(lambda: _gone(engine), timeout_s=10)
