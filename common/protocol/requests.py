@@ -129,6 +129,9 @@ class WorkerStats(Msg, frozen=True):
     # The last transfers one by one (pulls READ here, pushes WRITTEN from here), oldest first (at most
     # services.worker.transfer_log.RECENT_TRANSFERS): sums hide whether a slow run was a few outliers or every one.
     recent_transfers: tuple[TransferSample, ...] = ()
+    # The transfer counts, bytes and seconds above are the mock engine's simulation: no byte of them crossed a
+    # wire (each recent sample says so too).
+    transfers_simulated: bool = False
     # Prompt tokens by where their KV came from, cumulative (vLLM's scheduler accounting; 0 where unknown: mock):
     # computed here, hit in this engine's prefix cache, pulled from elsewhere (NIXL from a prefill worker, kvtier).
     # A decode worker that recomputes a prompt it should have pulled shows up here, not in the output.

@@ -129,6 +129,9 @@ class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
     # Worker the KV was written into (a push: the decode engine that registered its blocks; vLLM names it by its
     # engine id = worker id). "": a pull, whose destination is the reporting worker.
     dst_worker_id: str = ""
+    # The mock engine made it up (bytes from its KV geometry, seconds from its timing model): no byte crossed a
+    # wire, so the router learns no link from it (services/router/transfer_samples.py).
+    simulated: bool = False
 
 
 class TierLoadSample(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -140,6 +143,9 @@ class TierLoadSample(msgspec.Struct, frozen=True, omit_defaults=True):
     tier: Tier  # the slowest tier the load's blocks came from ("disk" if any did, else "host")
     num_bytes: int
     seconds: float
+    # The mock engine's: a real lookup plus a made-up move of stand-in bytes, so the router learns no tier
+    # speed from it.
+    simulated: bool = False
 
 
 # ------------------------------------------------------------------------------------------ worker <-> router

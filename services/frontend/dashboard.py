@@ -53,6 +53,8 @@ class Dashboard:
                 "transfers": stats.num_transfers if stats else None,
                 "transfer_failures": stats.num_transfer_failures if stats else None,
                 "transfer_bytes": stats.num_transfer_bytes if stats else None,
+                # The mock engine's transfers are simulated: their bytes never crossed a wire.
+                "transfers_simulated": stats.transfers_simulated if stats else None,
             })
         m = self._metrics
         ttft, itl = list(m.recent_ttft_s), list(m.recent_itl_s)

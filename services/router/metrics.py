@@ -63,6 +63,10 @@ class RouterMetrics:
         self.transfer_samples = Counter(
             "splitserve_router_transfer_samples", "KV transfer samples (pulls and pushes) reported by workers, by "
             "whether a link learned from them", ["used"], registry=r)
+        # A mock engine's made-up transfers and tier loads: no link or tier speed is learned from them.
+        self.simulated_samples = Counter(
+            "splitserve_router_simulated_samples", "Simulated samples (mock engine) workers reported, ignored for "
+            "link and tier speed learning, by kind (transfer, tier_load)", ["kind"], registry=r)
         # Constant 1 per registered worker at its current role (a SetRole moves it: docs/architecture.md#roles).
         self.worker_role = Gauge("splitserve_router_worker_role", "Each worker's current role", ["worker_id", "role"],
                                  registry=r)

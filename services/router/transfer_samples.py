@@ -5,12 +5,16 @@ A transfer is reported by its NIXL initiator: a pull by the decode worker that R
 destination the reporter), a push by the prefill worker that WROTE (destination named, source the reporter). Both
 are one transfer's bytes over its post-to-completion seconds in the direction KV moves, prefill -> decode, so
 both feed the same (src_node, dst_node) link.
+
+Samples a mock engine made up (``simulated``: bytes from its KV geometry, seconds from its timing model) teach
+neither a link nor a tier: they are counted apart (``splitserve_router_simulated_samples``) and dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Protocol, TypeVar
 
 from common.protocol import TierLoadSample, TransferSample
 from services.router.metrics import RouterMetrics
@@ -18,6 +22,21 @@ from services.router.policy import Policy
 from services.router.registry import Registry, WorkerEntry
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Place, Topology
+
+
+class _Sample(Protocol):
+    @property
+    def simulated(self) -> bool: ...
+
+
+S = TypeVar("S", bound=_Sample)
+
+
+def samples_that_teach(samples: tuple[S, ...]) -> tuple[tuple[S, ...], int]:
+    """The samples the router may learn a link or tier speed from (order kept), and how many it dropped as
+    simulated: a mock engine's made-up move says nothing about any wire or tier."""
+    real = tuple(s for s in samples if not s.simulated)
+    return real, len(samples) - len(real)
 
 
 def link_ends(registry: Registry, worker_id: str, sample: TransferSample) -> tuple[WorkerEntry, WorkerEntry] | None:
@@ -38,7 +57,10 @@ def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, 
                 samples: tuple[TransferSample, ...]) -> None:
     """Feed a worker's transfers (its pulls or its pushes) to the link from each source's node to its
     destination's. ``used="yes"``: the sample entered the link's window (learned or not yet); ``"no"``: unknown
-    end, a pair's wire-up transfer, or too small to time bandwidth."""
+    end, a pair's wire-up transfer, or too small to time bandwidth. Simulated samples: counted apart, nothing more."""
+    samples, num_simulated = samples_that_teach(samples)
+    if num_simulated:
+        metrics.simulated_samples.labels(kind="transfer").inc(num_simulated)
     for sample in samples:
         ends = link_ends(registry, worker_id, sample)
         if ends is None:
@@ -55,7 +77,11 @@ def learn_links(registry: Registry, topology: Topology, metrics: RouterMetrics, 
 
 def learn_tiers(speeds: TierSpeeds, policy: Policy, metrics: RouterMetrics,
                 samples: tuple[TierLoadSample, ...]) -> None:
-    """Feed a worker's tier loads to the learner; a changed fit becomes the policy's tier speeds."""
+    """Feed a worker's tier loads to the learner; a changed fit becomes the policy's tier speeds. Simulated
+    loads: counted apart, nothing more."""
+    samples, num_simulated = samples_that_teach(samples)
+    if num_simulated:
+        metrics.simulated_samples.labels(kind="tier_load").inc(num_simulated)
     for sample in samples:
         metrics.tier_samples.labels(tier=sample.tier).inc()
     if speeds.record(samples):

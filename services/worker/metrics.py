@@ -11,19 +11,23 @@ _TRANSFER_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-
 
 
 class WorkerMetrics:
-    def __init__(self, worker_id: str, role: str) -> None:
+    def __init__(self, worker_id: str, role: str, simulated_transfers: bool = False) -> None:
         r = self.registry = CollectorRegistry()
         names = ["worker_id", "role"]
+        # An engine that only simulates its KV moves (mock) counts them under splitserve_worker_simulated_kv_*:
+        # a dashboard summing wire bytes (splitserve_worker_kv_transfer_bytes) never adds made-up ones.
+        kv = "splitserve_worker_simulated_kv" if simulated_transfers else "splitserve_worker_kv"
+        sim = "Simulated (no wire): " if simulated_transfers else ""
         self._families = {
             "running": Gauge("splitserve_worker_running", "Requests running in the engine", names, registry=r),
             "waiting": Gauge("splitserve_worker_waiting", "Requests queued in the engine", names, registry=r),
             "kv_used": Gauge("splitserve_worker_kv_used_blocks", "KV blocks in use", names, registry=r),
             "kv_total": Gauge("splitserve_worker_kv_total_blocks", "KV blocks in the engine", names, registry=r),
-            "transfers": Counter("splitserve_worker_kv_transfers", "KV pulls finished", names, registry=r),
+            "transfers": Counter(f"{kv}_transfers", f"{sim}KV pulls finished", names, registry=r),
             "transfer_failures": Counter("splitserve_worker_kv_transfer_failures", "KV pulls that failed", names,
                                          registry=r),
-            "transfer_bytes": Counter("splitserve_worker_kv_transfer_bytes", "KV bytes pulled", names, registry=r),
-            "transfer_seconds": Histogram("splitserve_worker_kv_transfer_seconds", "Seconds per KV pull", names,
+            "transfer_bytes": Counter(f"{kv}_transfer_bytes", f"{sim}KV bytes pulled", names, registry=r),
+            "transfer_seconds": Histogram(f"{kv}_transfer_seconds", f"{sim}Seconds per KV pull", names,
                                           buckets=_TRANSFER_BUCKETS_S, registry=r),
             "prefix_hits": Counter("splitserve_worker_prefix_hits", "Prefix-cache hits (engine's unit)", names,
                                    registry=r),

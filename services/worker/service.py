@@ -124,7 +124,9 @@ class WorkerService:
         # The role now: the CLI's at start, then what SetRole made it. We are its source of truth for every router.
         self._role: Role = config.role
         self._last_prefill_s = float("-inf")  # monotonic: when a prefill for a remote decode last finished here
-        self.metrics = WorkerMetrics(config.worker_id, config.role)
+        # Engines that only simulate their KV moves (mock) say so: their bytes are exported apart from wire bytes.
+        self.transfers_simulated = bool(getattr(engine, "simulated_transfers", False))
+        self.metrics = WorkerMetrics(config.worker_id, config.role, simulated_transfers=self.transfers_simulated)
         # Transfers not yet reported to the router, and where each came from (pulls) or went to (pushes).
         self._transfer_sources = TransferSources(config.worker_id)
         self._new_tier_loads = NewTierLoads()  # tier loads reported once each, by heartbeat
@@ -293,6 +295,7 @@ class WorkerService:
                     transfer_seconds_total=c.transfer_seconds_total,
                     num_transfer_descriptors=c.num_transfer_descriptors,
                     recent_transfers=self._transfer_sources.named(c.recent_transfers),
+                    transfers_simulated=self.transfers_simulated,
                     num_prompt_tokens_computed=c.num_prompt_tokens_computed,
                     num_prompt_tokens_cached=c.num_prompt_tokens_cached,
                     num_prompt_tokens_pulled=c.num_prompt_tokens_pulled))

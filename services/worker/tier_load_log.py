@@ -13,13 +13,15 @@ RECENT_TIER_LOADS = 256
 
 
 class TierLoadLog:
-    def __init__(self, max_recent: int = RECENT_TIER_LOADS) -> None:
+    def __init__(self, max_recent: int = RECENT_TIER_LOADS, simulated: bool = False) -> None:
         self.num_loads = 0
+        self.simulated = simulated  # every sample says so (the mock engine's log: the move is made up)
         self._recent: deque[TierLoadSample] = deque(maxlen=max_recent)
 
     def record(self, tier: Tier, num_bytes: int, seconds: float) -> None:
         self.num_loads += 1
-        self._recent.append(TierLoadSample(seq=self.num_loads, tier=tier, num_bytes=num_bytes, seconds=seconds))
+        self._recent.append(TierLoadSample(seq=self.num_loads, tier=tier, num_bytes=num_bytes, seconds=seconds,
+                                           simulated=self.simulated))
 
     def recent(self) -> tuple[TierLoadSample, ...]:
         """The last ``max_recent`` loads, oldest first."""

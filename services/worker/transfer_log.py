@@ -13,7 +13,9 @@ RECENT_TRANSFERS = 256
 
 
 class TransferLog:
-    def __init__(self, max_recent: int = RECENT_TRANSFERS) -> None:
+    def __init__(self, max_recent: int = RECENT_TRANSFERS, simulated: bool = False) -> None:
+        # Every sample says it was simulated (the mock engine's log): nothing moved on a wire.
+        self.simulated = simulated
         self.num_transfers = 0
         self.num_bytes = 0
         self.num_descriptors = 0
@@ -29,7 +31,8 @@ class TransferLog:
         self.seconds_total += seconds
         self._recent.append(TransferSample(seq=self.num_transfers, seconds=seconds, num_bytes=num_bytes,
                                            num_descriptors=num_descriptors, post_seconds=post_seconds,
-                                           src_worker_id=src_worker_id, dst_worker_id=dst_worker_id))
+                                           src_worker_id=src_worker_id, dst_worker_id=dst_worker_id,
+                                           simulated=self.simulated))
         self._undrained_s.append(seconds)
 
     def recent(self) -> tuple[TransferSample, ...]:

@@ -7,10 +7,8 @@ import re
 import urllib.request
 
 import httpx
-import pytest
 
 from bench.lib.graph import Graph, wait_until, worker_stats
-from common.timing import TimingModel
 from services.router.topology import TopologyConfig
 from tests.e2e.test_openai_api import MODEL, client
 
@@ -43,33 +41,32 @@ def test_long_prompt_prefills_remotely_short_locally(mock_pd: Graph) -> None:
     assert sum(s.num_transfers for s in worker_stats(mock_pd.router).values()) == transfers_before + 1
 
 
-def test_kv_router_prefills_remotely_and_learns_the_link(mock_pd_kv: tuple[Graph, int]) -> None:
+def test_kv_router_prefills_remotely_and_learns_no_link_from_mock_pulls(mock_pd_kv: tuple[Graph, int]) -> None:
     graph, metrics_port = mock_pd_kv
-    # Four prompts without a shared prefix: the pair's first pull (its wire-up) is not learned from, the three
-    # after it are the link's min_samples (TopologyConfig's default).
+    # Four prompts without a shared prefix: enough pulls (the pair's wire-up plus TopologyConfig's min_samples)
+    # that a real engine's would teach the link.
     num_prompts = 1 + TopologyConfig().min_samples
     for i in range(num_prompts):
         client(graph).completions.create(model=MODEL, prompt=[5000 + 700 * i + j for j in range(700)], max_tokens=4)
     stats = worker_stats(graph.router)
     (decode_id,) = [wid for wid, s in stats.items() if s.num_transfers]
     (prefill_id,) = [wid for wid in stats if wid != decode_id]
-    # The decode worker's pulls name the prefill worker they came from ...
-    assert [(t.num_bytes, t.src_worker_id) for t in stats[decode_id].recent_transfers] == [
-        (700 * MOCK_KV_BYTES_PER_TOKEN, prefill_id)] * num_prompts
+    # The decode worker's pulls name the prefill worker they came from, and say they were simulated ...
+    assert [(t.num_bytes, t.src_worker_id, t.simulated) for t in stats[decode_id].recent_transfers] == [
+        (700 * MOCK_KV_BYTES_PER_TOKEN, prefill_id, True)] * num_prompts
+    assert stats[decode_id].transfers_simulated
 
     def router_metric(name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
             text = resp.read().decode()
         return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
-    # ... and reach the router with heartbeats, which learn the link's bandwidth from them: the mock's
-    # modelled pull time at --mock-speedup 10, less the router's same-node latency (capped at half the pull).
-    num_bytes = 700 * MOCK_KV_BYTES_PER_TOKEN
-    pull_s = TimingModel(speedup=10).transfer_s(num_bytes)
-    moving_s = max(pull_s - TopologyConfig().same_node_latency_s, pull_s / 2)
-    assert wait_until(lambda: router_metric('splitserve_router_transfer_samples_total{used="yes"}') == num_prompts - 1)
-    assert router_metric('splitserve_router_transfer_samples_total{used="no"}') == 1  # the wire-up pull
-    assert router_metric("splitserve_router_link_bandwidth_bytes_per_second") == pytest.approx(num_bytes / moving_s)
+    # ... and reach the router with heartbeats, which counts them apart and learns no link from them (no byte
+    # crossed a wire): the route is priced by the configured same-node link.
+    assert wait_until(lambda: router_metric('splitserve_router_simulated_samples_total{kind="transfer"}')
+                      == num_prompts)
+    assert router_metric("splitserve_router_transfer_samples_total") == 0
+    assert router_metric("splitserve_router_link_bandwidth_bytes_per_second") == 0  # no series: nothing learned
     remote = 'splitserve_router_predicted_prefill_seconds_count{relation="same_node",where="remote"}'
     assert router_metric(remote) == num_prompts
 

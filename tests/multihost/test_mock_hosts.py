@@ -126,6 +126,9 @@ def test_streams_complete_and_decode_hosts_pull_every_remote_prefill(mock_cluste
     # One pull per prompt, each of the prompt's whole KV, none failed.
     pulled = sorted(t.num_bytes for s in decode.values() for t in s.recent_transfers)
     assert pulled == sorted(len(p) * KV_BYTES_PER_TOKEN for p in prompts)
+    # Made up by the mock (its KV geometry, not bytes on the host link): labelled so, the router learns no link.
+    assert all(t.simulated for s in decode.values() for t in s.recent_transfers)
+    assert all(s.transfers_simulated for s in decode.values())
     assert sum(s.num_transfer_failures for s in decode.values()) == 0
     assert [s.text for s in streams] == references(cl, prompts, 40)
 

@@ -73,9 +73,11 @@ async def test_evicted_prefix_is_onboarded_from_kvtier(kvtier: KvTierService) ->
         await _until(lambda: all(h in kvtier.store.index for h in _hashes(PROMPT_A)))
         assert await _run(engine, "a2", PROMPT_A) == 4 * BS
         assert engine.num_onboards == 1
-        # The load is reported for the router's tier-speed learner: its tier, bytes and (lookup + move) time.
+        # The load is reported: its tier, bytes and (lookup + move) time, marked simulated (the move is made up:
+        # the router's tier-speed learner skips it).
         (load,) = engine.counters().recent_tier_loads
         assert (load.seq, load.tier, load.num_bytes) == (1, "host", 4 * BS * KV_PER_TOKEN) and load.seconds > 0
+        assert load.simulated
         stats = kvtier.stats("s")
         assert stats.hits_host >= 4 and stats.bytes_out >= 4 * BS * KV_PER_TOKEN
     finally:

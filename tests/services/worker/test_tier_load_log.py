@@ -22,3 +22,12 @@ def test_slowest_tier() -> None:
     assert slowest_tier(["host", "host"]) == "host"
     assert slowest_tier(["host", "disk"]) == "disk"
     assert slowest_tier([]) == "host"
+
+
+def test_a_simulated_log_marks_every_load() -> None:
+    real, fake = TierLoadLog(), TierLoadLog(simulated=True)
+    for log in (real, fake):
+        log.record("host", 100, 0.5)
+        log.record("disk", 200, 1.0)
+    assert [s.simulated for s in real.recent()] == [False, False]
+    assert [s.simulated for s in fake.recent()] == [True, True]

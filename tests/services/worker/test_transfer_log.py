@@ -27,3 +27,12 @@ def test_worker_stats_carry_recent_pulls_over_the_wire() -> None:
     stats = WorkerStats(request_id="r", worker_id="w", load=WorkerLoad(), num_transfers=7,
                         recent_transfers=samples)
     assert decode(encode(stats)) == stats
+
+
+def test_a_simulated_log_marks_every_sample() -> None:
+    real, fake = TransferLog(), TransferLog(simulated=True)
+    for log in (real, fake):
+        log.record(0.010, 100, src_worker_id="p")
+        log.record(0.020, 200, dst_worker_id="d")
+    assert [s.simulated for s in real.recent()] == [False, False]
+    assert [s.simulated for s in fake.recent()] == [True, True]

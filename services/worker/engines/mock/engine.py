@@ -48,6 +48,10 @@ class _Live:
 
 
 class MockEngine:
+    # Its KV transfers and tier moves are timed by the timing model, not made: the worker exports their bytes
+    # apart from wire bytes, and each sample says so (the router learns nothing from them).
+    simulated_transfers = True
+
     def __init__(self, config: MockEngineConfig) -> None:
         if config.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got {config.vocab_size}")
@@ -65,8 +69,8 @@ class MockEngine:
         self._failure: BaseException | None = None
         self._closed = False
         self._num_prefix_hits = 0
-        self._transfers = TransferLog()
-        self._tier_loads = TierLoadLog()
+        self._transfers = TransferLog(simulated=self.simulated_transfers)
+        self._tier_loads = TierLoadLog(simulated=self.simulated_transfers)
         self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)

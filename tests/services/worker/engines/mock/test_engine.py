@@ -103,9 +103,9 @@ async def test_disaggregated_equals_aggregated() -> None:
     assert (counters.num_transfers, counters.num_transfer_bytes) == (1, len(PROMPT) * 100)
     assert counters.transfer_seconds == (0.0,)
     assert decode_fresh.counters().transfer_seconds == ()  # drained
-    # Each pull names the worker it came from (the router learns that link from it).
-    assert [(t.seq, t.num_bytes, t.src_worker_id) for t in decode_fresh.counters().recent_transfers] == [
-        (1, len(PROMPT) * 100, "prefill-0")]
+    # Each pull names the worker it came from, and says it was simulated (the router learns no link from it).
+    assert [(t.seq, t.num_bytes, t.src_worker_id, t.simulated) for t in decode_fresh.counters().recent_transfers] == [
+        (1, len(PROMPT) * 100, "prefill-0", True)]
     assert decode_fresh.kv_bytes_per_token == 100
     assert decode_fresh.load().num_free_blocks == 64
     for eng in (prefill, decode, decode_fresh):
