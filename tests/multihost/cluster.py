@@ -133,6 +133,15 @@ class Cluster:
         self.services.remove(service)
         self.stopped.append(service)
 
+    def kill_service(self, name: str) -> None:
+        """SIGKILL one service (no drain, no deregistration: a crash or an OOM kill); vLLM's engine processes
+        below a worker die with it (they watch their parent)."""
+        service = self.service(name)
+        service.proc.signal(signal.SIGKILL)
+        service.proc.wait(30)
+        self.services.remove(service)
+        self.stopped.append(service)
+
     def workers(self) -> WorkerList:
         """The router's list of registered workers."""
         return asyncio.run(_list_workers(self.router_endpoint))

@@ -1,6 +1,9 @@
-"""Real vLLM across hosts: frontend + router on A, vLLM prefill on B, vLLM decode on C; the decode engine pulls
-the prompt's KV from B with NIXL over the bridge (separate PID and IPC namespaces: UCX cannot use shared memory
-or CMA, it takes TCP). fp32 and greedy: outputs must equal one aggregated engine's token for token."""
+"""Real vLLM across hosts: frontend + router on A, vLLM prefill and a kvtier on B, vLLM decode and a kvtier on C;
+the decode engine pulls the prompt's KV from B with NIXL over the bridge (separate PID and IPC namespaces: UCX
+cannot use shared memory or CMA, it takes TCP). fp32 and greedy: outputs must equal one aggregated engine's token
+for token. Then both workers are killed -9 and started again against the warm tiers: the prompts come back from
+the tiers (vLLM's MultiConnector, NIXL beside the kvtier connector, whose first load used to kill the engine) with
+the same outputs, and the engines keep serving."""
 
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import tiny_model_dir
+from bench.lib.graph import tiny_model_dir, wait_until
 from bench.lib.hosts import Host
 from common.protocol import WorkerStats
-from tests.multihost.cluster import Cluster
+from tests.multihost.cluster import Cluster, node_name
 
 pytestmark = [pytest.mark.multihost, pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")]
@@ -52,12 +55,22 @@ class Run:
     prefill: WorkerStats
     decode_rx_bytes: int  # received on host C's link while the P/D requests ran
     nodes: dict[str, str]  # worker id -> node it registered
+    after_restart: dict[int, tuple[str, int]]  # the same prompts, both workers restarted, the tiers warm
+    tier_hits: int  # host-pool hits of B's and C's tiers while the restarted workers served them
+    logs: str  # every service's log
 
 
 def complete(cl: Cluster, tokens: list[int]) -> tuple[str, int]:
     out = cl.client(timeout_s=300).completions.create(model=MODEL, prompt=tokens, max_tokens=MAX_TOKENS,
                                                       temperature=0, extra_body={"ignore_eos": True})
     return out.choices[0].text, out.usage.completion_tokens
+
+
+def _registered_anew(cl: Cluster, worker_ids: set[str], killed: set[str]) -> bool:
+    if dead := [s.name for s in cl.services if s.proc.poll() is not None]:
+        raise RuntimeError(f"exited: {dead}\n{cl.logs()}")
+    listed = cl.workers().workers
+    return {w.worker_id for w in listed} == worker_ids and not {w.instance_id for w in listed} & killed
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +82,33 @@ def vllm_run(make_module_hosts, tmp_path_factory, vllm_reference) -> Run:
     try:
         cl.router(a, "--policy", "round-robin", "--local-prefill-max-tokens", "64")
         cl.frontend(a)
-        cl.worker(b, "prefill", "prefill-b", *VLLM, *nixl_args(b), "--core", "0")
-        cl.worker(c, "decode", "decode-c", *VLLM, *nixl_args(c), "--core", "1")
+        block_bytes = str(kv_bytes_per_block(tiny_model_dir()))
+        workers = {"prefill-b": (b, "prefill", "0"), "decode-c": (c, "decode", "1")}
+        for worker_id, (host, role, core) in workers.items():
+            cl.kvtier(host, f"kvtier-{node_name(host)}", "--host-cache-gb", "0.05", "--block-bytes", block_bytes)
+            cl.worker(host, role, worker_id, *VLLM, *nixl_args(host), "--kvtier", cl.kvtier_endpoint(host),
+                      "--core", core)
         cl.wait_ready(num_prefill=1, num_decode=1, timeout_s=READY_TIMEOUT_S)
         rx_before = c.link_bytes()[0]
         pd = {n: complete(cl, prompt(n)) for n in LENGTHS}
         rx_bytes = c.link_bytes()[0] - rx_before
         stats = cl.stats()
         nodes = {w.worker_id: w.node for w in cl.workers().workers}
+        # Both workers crash and come back (as their supervisor would start them) while the tiers stay warm.
+        killed = {w.instance_id for w in cl.workers().workers}
+        for worker_id in workers:
+            cl.kill_service(worker_id)
+        for worker_id, (host, role, core) in workers.items():
+            cl.worker(host, role, worker_id, *VLLM, *nixl_args(host), "--kvtier", cl.kvtier_endpoint(host),
+                      "--core", core)
+        # The router lists the killed processes until their heartbeats time out: wait for the new ones.
+        assert wait_until(lambda: _registered_anew(cl, set(workers), killed), timeout_s=READY_TIMEOUT_S,
+                          interval_s=1.0), cl.logs()
+        hits_before = sum(cl.tier_stats(h).hits_host for h in (b, c))
+        after_restart = {n: complete(cl, prompt(n)) for n in reversed(LENGTHS)}
+        tier_hits = sum(cl.tier_stats(h).hits_host for h in (b, c)) - hits_before
+        assert all(s.proc.poll() is None for s in cl.services), cl.logs()  # no engine died serving the hits
+        logs = cl.logs(tail_chars=200_000)
     finally:
         cl.stop(timeout_s=30)
     # One engine doing both (same model, dtype, block size), once these are stopped: two more engines would not
@@ -84,7 +116,7 @@ def vllm_run(make_module_hosts, tmp_path_factory, vllm_reference) -> Run:
     # tests/e2e/test_vllm_disagg.py ran first, else it starts that engine now (on loopback: where it runs does not
     # change its outputs).
     agg = dict(zip(LENGTHS, vllm_reference.outputs([prompt(n) for n in LENGTHS]), strict=True))
-    return Run(pd, agg, stats["decode-c"], stats["prefill-b"], rx_bytes, nodes)
+    return Run(pd, agg, stats["decode-c"], stats["prefill-b"], rx_bytes, nodes, after_restart, tier_hits, logs)
 
 
 def test_pd_across_hosts_equals_one_engine(vllm_run: Run) -> None:
@@ -108,3 +140,12 @@ def test_decode_host_pulled_every_prompts_kv_from_b_over_the_link(vllm_run: Run)
         assert pull.seconds > 0 and pull.num_descriptors > 0
     # The bytes crossed host C's link: the pulls did not go through shared memory.
     assert vllm_run.decode_rx_bytes >= decode.num_transfer_bytes
+
+
+def test_restarted_workers_serve_the_warm_tiers_hits_and_live(vllm_run: Run) -> None:
+    # Every full block of every prompt was written through to a tier; the fresh engines loaded them back.
+    assert vllm_run.tier_hits >= sum(n // 32 for n in LENGTHS), vllm_run.tier_hits
+    for n in LENGTHS:
+        assert vllm_run.after_restart[n] == vllm_run.agg[n], f"prompt of {n} tokens after the restart"
+    assert "registered connectors with Prometheus" not in vllm_run.logs
+    assert "EngineDeadError" not in vllm_run.logs
