@@ -70,6 +70,9 @@ else
   step "debootstrap --variant=minbase $SUITE, podman import $BASE_IMAGE"
   root=$(mktemp -d /var/tmp/splitserve-base.XXXXXX)
   trap 'rm -rf "$root"' EXIT
+  # mktemp makes it 0700, and the tar below carries that mode to the image's /: podman lets the image's non-root
+  # user through anyway, Docker does not ("stat /bin/ls: permission denied").
+  chmod 0755 "$root"
   # python3 + venv: bookworm's python is 3.11, the version the project's wheels are pinned for.
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,libnuma1 \
     "$SUITE" "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >/dev/null
