@@ -154,6 +154,13 @@ class FrontendService:
     def _send_error(self, resp: Response, exc: ApiError) -> None:
         if resp.done or resp.disconnected:
             return
+        if resp.started:
+            # Headers (and maybe chunks) are out, and every response we stream is server-sent events: a second
+            # HTTP response would land inside this one's body. Report it in-band, as OpenAI does, end the body,
+            # and close the connection after it.
+            resp.keep_alive = False
+            resp.end(b"data: " + exc.body() + b"\n\ndata: [DONE]\n\n")
+            return
         resp.send(exc.status, exc.body(), headers=exc.headers)
 
     def _authorized(self, req: Request) -> bool:
@@ -346,13 +353,13 @@ class FrontendService:
                     if choice.stopped:
                         fanout.stop(index)
         except NoWorkerError as exc:
-            self._fail(resp, body.stream, ApiError(503, f"no worker available: {exc}", code="no_worker",
-                                                   type_="server_error", headers=((b"retry-after", b"1"),)))
+            self._send_error(resp, ApiError(503, f"no worker available: {exc}", code="no_worker",
+                                            type_="server_error", headers=((b"retry-after", b"1"),)))
             return
         except (WorkerLost, RemoteError) as exc:
             log.warning("request_failed", request_id=shape.id, error=str(exc))
-            self._fail(resp, body.stream, ApiError(503, f"request failed: {exc}", code="worker_failed",
-                                                   type_="server_error", headers=((b"retry-after", b"1"),)))
+            self._send_error(resp, ApiError(503, f"request failed: {exc}", code="worker_failed",
+                                            type_="server_error", headers=((b"retry-after", b"1"),)))
             return
         except (asyncio.CancelledError, ConnectionResetError):
             self.metrics.cancelled.inc()
@@ -382,12 +389,6 @@ class FrontendService:
         else:
             resp.send(200, shape.full_response(results, usage))
 
-    def _fail(self, resp: Response, streaming: bool, exc: ApiError) -> None:
-        if streaming and resp.started and not resp.done and not resp.disconnected:
-            # Headers are out: report the error in-band, as OpenAI does, then end the stream.
-            resp.end(b"data: " + exc.body() + b"\n\ndata: [DONE]\n\n")
-        else:
-            self._send_error(resp, exc)
 
 
 def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:

@@ -138,3 +138,25 @@ async def test_handler_crash_logs_one_line_without_traceback() -> None:
         crashes = [e for e in logs if e["event"] == "handler_crashed"]
         assert crashes == [{"event": "handler_crashed", "log_level": "error", "error_type": "RuntimeError",
                             "error": "models table exploded"}]
+
+
+async def test_a_crash_after_the_stream_started_ends_it_in_band_not_with_a_second_response() -> None:
+    from tests.services.frontend.http_client import closed
+
+    async with frontend() as service:
+        async def streams_then_crashes(resp):
+            resp.start(200, b"text/event-stream")
+            await resp.write(b'data: {"choices": []}\n\n')
+            raise RuntimeError("renderer exploded mid-stream")
+
+        service._health = streams_then_crashes
+        reader, writer = await connect(service.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n")
+        reply = await read_reply(reader)
+        assert reply.status == 200 and reply.headers["transfer-encoding"] == "chunked"
+        events = [e for e in reply.body.decode().split("\n\n") if e]
+        assert events[0] == 'data: {"choices": []}' and events[-1] == "data: [DONE]"
+        assert json.loads(events[1].removeprefix("data: "))["error"]["type"] == "server_error"
+        # Nothing after the chunked body's end (no "HTTP/1.1 500" inside it), and the connection is closed.
+        assert await closed(reader)
+        writer.close()
