@@ -16,6 +16,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    # The k most likely tokens only (0: all), and only tokens at least min_p times as likely as the likeliest.
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     # Token ids that end generation (the model's EOS ids and any the user asked for).

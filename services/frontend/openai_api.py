@@ -96,14 +96,17 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_tokens: int = 0
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
-    # Refused when set (see UNSUPPORTED).
-    best_of: int | None = None
+    # vLLM's: keep the k most likely tokens (0 or -1: all), and those at least min_p times the likeliest's.
     top_k: int | None = None
     min_p: float | None = None
+    # Refused when set (see UNSUPPORTED).
+    best_of: int | None = None
 
 
 class ChatCompletionRequest(_Common, frozen=True):
     messages: list[ChatMessage] = []
+    # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false}).
+    chat_template_kwargs: dict[str, Any] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -140,8 +143,6 @@ class CompletionRequest(_Common, frozen=True):
 # Declared fields refused when set to anything but these values (None: unset), with why.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of other than 1 is not supported"),
-    "top_k": ((None, -1, 0), "top_k is not supported"),
-    "min_p": ((None, 0.0), "min_p is not supported"),
     "functions": ((None, []), "functions (function calling) are not supported"),
     "function_call": ((None, "none"), "function_call is not supported"),
     "modalities": ((None, ["text"]), "only the text modality is supported"),
@@ -255,3 +256,17 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     if len(items) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
     return tuple(s for s in items if s)
+
+
+# chat_template_kwargs may add template variables, never replace what the server renders from the request.
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's chat_template_kwargs, or a 400 naming a variable it may not set."""
+    if not kwargs:
+        return {}
+    if reserved := sorted(_RESERVED_TEMPLATE_VARS & kwargs.keys()):
+        raise ApiError(400, f"chat_template_kwargs cannot set {', '.join(reserved)}: they come from the request",
+                       param="chat_template_kwargs")
+    return kwargs

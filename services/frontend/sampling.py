@@ -42,6 +42,10 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
     _check(0.0 <= temperature <= 2.0, "temperature must be between 0 and 2", "temperature")
     top_p = 1.0 if req.top_p is None else req.top_p
     _check(0.0 < top_p <= 1.0, "top_p must be in (0, 1]", "top_p")
+    top_k = req.top_k or 0  # vLLM: 0 and -1 both mean every token
+    _check(top_k == -1 or top_k >= 0, "top_k must be -1, 0 (all tokens) or at least 1", "top_k")
+    min_p = req.min_p or 0.0
+    _check(0.0 <= min_p <= 1.0, "min_p must be in [0, 1]", "min_p")
     presence = req.presence_penalty or 0.0
     _check(-2.0 <= presence <= 2.0, "presence_penalty must be between -2 and 2", "presence_penalty")
     frequency = req.frequency_penalty or 0.0
@@ -54,7 +58,8 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
            "stop_token_ids")
     # ignore_eos: the model's end tokens no longer stop generation; the user's own stop ids still do (vLLM).
     stop_ids = user_stop_ids if req.ignore_eos else tuple(dict.fromkeys((*eos_token_ids, *user_stop_ids)))
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=req.seed,
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                          min_p=min_p, seed=req.seed,
                           ignore_eos=req.ignore_eos, stop_token_ids=stop_ids, presence_penalty=presence,
                           frequency_penalty=frequency, repetition_penalty=repetition,
                           logit_bias=_logit_bias(req.logit_bias, vocab_size), min_tokens=req.min_tokens,

@@ -32,6 +32,7 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
+    check_template_kwargs,
     completion_prompt,
     message_dicts,
     parse_chat,
@@ -241,9 +242,10 @@ class FrontendService:
         num_chars = sum(len(m["content"]) for m in messages)
         self._check_prompt_chars(num_chars, "messages")
         template_tools = tools.template_tools() if tools else None
+        template_kwargs = check_template_kwargs(body.chat_template_kwargs)
         try:
-            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(messages, tools=template_tools),
-                                          num_chars)
+            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(
+                messages, tools=template_tools, template_kwargs=template_kwargs), num_chars)
         except Exception as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -101,12 +101,15 @@ class ModelTokenizer:
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> ChatPrompt:
+                            tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
+        """``template_kwargs``: the request's chat_template_kwargs, extra template variables (as vLLM passes
+        them); they cannot replace messages, tools or add_generation_prompt (``check_template_kwargs``)."""
         if self._template is None:
             raise ModelError("this model has no chat template; use /v1/completions")
         # Templates that know function calling render `tools` (as transformers passes them); others ignore it.
-        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                     **self._special)
+        text = self._template.render(**{**self._special, **(template_kwargs or {})}, messages=messages,
+                                     add_generation_prompt=add_generation_prompt, tools=tools)
         return ChatPrompt(text=text, token_ids=self.encode(text))
 
     def decoder(self) -> IncrementalDetokenizer:

@@ -28,7 +28,8 @@ VOCAB = 1000
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
             "stop", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
             "ignore_eos", "min_tokens", "repetition_penalty", "stop_token_ids", "logprobs", "top_logprobs",
-            "response_format", "tools", "tool_choice", "parallel_tool_calls"}
+            "response_format", "tools", "tool_choice", "parallel_tool_calls", "top_k", "min_p",
+            "chat_template_kwargs"}
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -76,8 +77,9 @@ def test_unknown_nested_field_is_named() -> None:
     ({"tool_choice": "required"}, "tool_choice"),  # no tools
     ({"tools": [{"type": "code_interpreter"}], "tool_choice": "required"}, "tools"),
     ({"functions": [{"name": "f"}]}, "functions"),
-    ({"top_k": 5}, "top_k"),
-    ({"min_p": 0.1}, "min_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_p": -0.1}, "min_p"),
     ({"best_of": 2}, "best_of"),
     ({"n": 0}, "n"),
     ({"n": 17}, "n"),
@@ -131,6 +133,9 @@ def test_sampling_fields_reach_the_engine() -> None:
     assert params(logprobs=True).logprobs == 0 and params().logprobs is None
     # ignore_eos drops the model's end ids but keeps the user's.
     assert params(ignore_eos=True, stop_token_ids=[9]).stop_token_ids == (9,)
+    # vLLM's top_k and min_p; -1 and 0 both mean every token (vLLM).
+    assert (params(top_k=5, min_p=0.1).top_k, params(top_k=5, min_p=0.1).min_p) == (5, 0.1)
+    assert params(top_k=-1).top_k == 0 == params(top_k=0).top_k
     completion = parse_completion(b'{"model": "m", "prompt": "x", "logprobs": 2}')
     assert sampling_params(completion, 16, 16, EOS, VOCAB).logprobs == 2
 
@@ -157,3 +162,15 @@ def test_engines_of_the_model() -> None:
 
     listed = WorkerList(request_id="r", workers=(info(1, "m", "vllm"), info(2, "other", "mock")), loads=())
     assert engines_of(listed, "m") == {"vllm"} and engines_of(None, "m") == set()
+
+
+def test_chat_template_kwargs_add_variables_but_cannot_replace_the_request() -> None:
+    from services.frontend.openai_api import check_template_kwargs
+
+    assert check_template_kwargs(chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs) == {
+        "enable_thinking": False}
+    assert check_template_kwargs(None) == {}
+    with pytest.raises(ApiError) as info:
+        check_template_kwargs(chat(chat_template_kwargs={"messages": [], "tools": []}).chat_template_kwargs)
+    assert info.value.status == 400 and info.value.param == "chat_template_kwargs"
+    assert "messages, tools" in str(info.value)

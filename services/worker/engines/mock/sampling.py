@@ -5,7 +5,8 @@ The mock has no logits. It models one: the hashed next token (``tokens.next_toke
 are masked until ``min_tokens`` outputs exist (as vLLM does). The winner is a pure function of the sequence,
 the seed and the request's controls, so disaggregated and aggregated runs still agree token for token.
 
-Penalties and structured outputs need a real model's distribution: the mock refuses them (``EngineError``;
+top_k and min_p are honoured as they are: the mock's winner is its distribution's likeliest token, which both
+keep. Penalties and structured outputs need a real model's distribution: the mock refuses them (``EngineError``;
 the frontend answers such requests with a 400 before they reach a mock worker).
 """
 

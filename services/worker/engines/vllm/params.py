@@ -53,6 +53,8 @@ def to_vllm_sampling(
             min_tokens=min(min_tokens, max_tokens),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
             seed=sampling.seed,
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,

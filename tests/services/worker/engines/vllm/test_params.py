@@ -116,6 +116,10 @@ def test_sampling_controls_reach_vllm_on_both_sides() -> None:
         assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.3)
         assert params.logit_bias == {7: 100.0} and params.logprobs == 3 and params.seed == 11
         assert params.structured_outputs.json == schema
+    # top_k and min_p (vLLM drops them under greedy sampling: temperature 0.7 here).
+    sampled, _ = to_vllm_sampling(EngineRequest("s", (7,), SamplingParams(temperature=0.7, top_k=5, min_p=0.05)),
+                                  None)
+    assert (sampled.top_k, sampled.min_p) == (5, 0.05)
     # min_tokens: one token on the prefill side; on the decode side the forced first token is one more output.
     assert prefill.min_tokens == 1 and decode.min_tokens == 4 and decode.max_tokens == 9
     any_json, _ = to_vllm_sampling(EngineRequest("j", (7,), SamplingParams(
