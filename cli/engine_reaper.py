@@ -7,7 +7,9 @@ fails with "Address already in use" and the host serves nothing until someone ki
 
 ``start_engine_reaper()`` forks a small watcher before any engine process exists. It notes the worker's
 descendants every ``poll_s`` and waits on a pipe only the worker holds; when the worker is gone (EOF), it
-SIGKILLs every noted process still alive (the same process: pid and start time) and exits. It ignores SIGINT
+SIGKILLs every noted process still alive (the same process: pid and start time), removes the shared-memory
+segments the tree had mapped (vLLM's message queues, multiprocessing's semaphores) that no live process maps any
+more, and exits. It ignores SIGINT
 and SIGTERM (a graceful stop is the worker's to do), and the pipe is not inherited by the engine's processes, so
 only the worker's own death closes it.
 """
@@ -55,6 +57,7 @@ def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     me = os.getpid()
     known: dict[int, float] = {}  # pid -> create time (a reused pid is another process: left alone)
+    segments: set[str] = set()  # /dev/shm files the tree mapped
     try:
         parent = psutil.Process(watched)
     except psutil.Error:
@@ -69,10 +72,50 @@ def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
                     known[child.pid] = child.create_time()
         except psutil.Error:
             break
+        for pid in (watched, *known):
+            segments |= shm_mapped_by(pid)
+    killed = []
     for child_pid, created in known.items():
         try:
             child = psutil.Process(child_pid)
             if child.create_time() == created:
+                segments |= shm_mapped_by(child_pid)
                 child.kill()
+                killed.append(child)
         except psutil.Error:
             continue  # gone already: the worker stopped it
+    psutil.wait_procs(killed, timeout=10)
+    remove_orphaned_segments(segments)
+
+
+SHM_DIR = "/dev/shm/"
+
+
+def shm_mapped_by(pid: int | str) -> set[str]:
+    """The /dev/shm files ``pid`` maps now (from /proc/PID/maps; unlinked ones, "(deleted)", left out)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return {line.split(None, 5)[5].strip() for line in maps
+                    if SHM_DIR in line and not line.rstrip().endswith("(deleted)")
+                    and line.split(None, 5)[5].startswith(SHM_DIR)}
+    except (OSError, IndexError):
+        return set()
+
+
+def remove_orphaned_segments(segments: set[str]) -> list[str]:
+    """Unlink each of ``segments`` that no live process maps (another process may share one: it stays); the
+    removed ones."""
+    if not segments:
+        return []
+    in_use: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            in_use |= shm_mapped_by(entry) & segments
+    removed = []
+    for path in sorted(segments - in_use):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue  # gone already (its owner unlinked it), or not ours to remove
+    return removed

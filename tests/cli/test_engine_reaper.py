@@ -13,14 +13,18 @@ import psutil
 
 from bench.lib.graph import wait_until
 
-# The "worker": starts the reaper, then an "engine core" child (and its own child), prints their pids, waits.
-WORKER = textwrap.dedent("""
+SEGMENT = f"splitserve-reaper-test-{os.getpid()}"
+# The "worker": starts the reaper, then an "engine core" child (and its own child) that maps a shared-memory
+# segment as vLLM's message queues do, prints their pids, waits.
+WORKER = textwrap.dedent(f"""
     import subprocess, sys, time
     from cli.engine_reaper import start_engine_reaper
     reaper = start_engine_reaper(poll_s=0.1)
     core = subprocess.Popen([sys.executable, "-c",
-                             "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-                             "'import time; time.sleep(600)']); time.sleep(600)"])
+                             "import subprocess, sys, time, mmap, os; subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(600)']); "
+                             "fd = os.open('/dev/shm/{SEGMENT}', os.O_CREAT | os.O_RDWR, 0o600); "
+                             "os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); time.sleep(600)"])
     time.sleep(0.5)  # the reaper notes both
     print(reaper, core.pid, flush=True)
     time.sleep(600)
@@ -40,11 +44,13 @@ def _gone(procs: list[psutil.Process]) -> bool:
     return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
 
 
-def test_sigkilled_worker_takes_its_engine_processes_with_it() -> None:
+def test_sigkilled_worker_takes_its_engine_processes_and_their_shared_memory_with_it() -> None:
     worker, reaper_pid, engine = _start_worker()
+    assert os.path.exists(f"/dev/shm/{SEGMENT}")
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
     assert wait_until(lambda: _gone(engine), timeout_s=10), [p.pid for p in engine if p.is_running()]
+    assert wait_until(lambda: not os.path.exists(f"/dev/shm/{SEGMENT}"), timeout_s=10)
     assert wait_until(lambda: not psutil.pid_exists(reaper_pid) or
                       psutil.Process(reaper_pid).status() == psutil.STATUS_ZOMBIE, timeout_s=10)
 
@@ -59,3 +65,23 @@ def test_the_reaper_outlives_a_sigterm_and_acts_only_when_the_worker_is_gone() -
         worker.kill()
         worker.wait(10)
     assert wait_until(lambda: _gone(engine), timeout_s=10)
+
+
+def test_a_segment_another_live_process_maps_is_left_alone(tmp_path) -> None:
+    import mmap
+
+    from cli.engine_reaper import remove_orphaned_segments, shm_mapped_by
+
+    path = f"/dev/shm/{SEGMENT}-shared"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        mapped = mmap.mmap(fd, 4096)
+        assert path in shm_mapped_by(os.getpid())
+        assert remove_orphaned_segments({path}) == [] and os.path.exists(path)  # we still map it
+        mapped.close()
+        assert remove_orphaned_segments({path}) == [path] and not os.path.exists(path)
+    finally:
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)
