@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import string
 import subprocess
 from pathlib import Path
 
@@ -67,13 +68,15 @@ def test_named_paths_exist_and_no_team_notebook() -> None:
 
 
 def _splitserve_lines(text: str) -> list[list[str]]:
-    """Each `splitserve <command> ...` line of the bash blocks, continuation lines joined."""
+    """Each `splitserve <command> ...` line of the bash blocks, continuation lines joined, the doc's shell
+    variables ($A, $MODEL, ...) given the example values it sets (`A=10.0.0.1 B=... MODEL=...`)."""
+    values = dict(re.findall(r"\b([A-Z_]+)=(\S+)", next(iter(re.findall(r"^A=.*$", text, re.M)), "")))
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith("splitserve "):
-                lines.append(shlex.split(line)[1:])
+                lines.append(shlex.split(string.Template(line).substitute(values))[1:])
     return lines
 
 
