@@ -55,6 +55,9 @@ _held_fds: list[int] = []
 def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A process group of our own: a supervisor that SIGKILLs the dead worker's group (`up` does) must not take
+    # us with it before the shared memory is cleaned up.
+    os.setpgid(0, 0)
     me = os.getpid()
     known: dict[int, float] = {}  # pid -> create time (a reused pid is another process: left alone)
     segments: set[str] = set()  # /dev/shm files the tree mapped
@@ -64,7 +67,7 @@ def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
         return
     while True:
         readable, _, _ = select.select([read_fd], [], [], poll_s)
-        if readable:  # EOF (or a stray byte): the worker is gone
+        if readable or not parent.is_running():  # EOF: the worker is gone (or a forked child holds the pipe)
             break
         try:
             for child in parent.children(recursive=True):

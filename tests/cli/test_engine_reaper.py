@@ -31,9 +31,9 @@ WORKER = textwrap.dedent(f"""
 """)
 
 
-def _start_worker() -> tuple[subprocess.Popen[str], int, list[psutil.Process]]:
+def _start_worker(new_session: bool = False) -> tuple[subprocess.Popen[str], int, list[psutil.Process]]:
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+                              env={**os.environ, "PYTHONPATH": os.getcwd()}, start_new_session=new_session)
     reaper_pid, core_pid = (int(x) for x in worker.stdout.readline().split())
     core = psutil.Process(core_pid)
     assert wait_until(lambda: len(core.children()) == 1, timeout_s=10)
@@ -85,3 +85,14 @@ def test_a_segment_another_live_process_maps_is_left_alone(tmp_path) -> None:
         os.close(fd)
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_a_supervisor_killing_the_dead_workers_group_does_not_stop_the_cleanup() -> None:
+    # `up` SIGKILLs a dead worker's process group: the reaper, in a group of its own, still cleans up.
+    worker, reaper_pid, engine = _start_worker(new_session=True)  # a group leader, as `up` starts workers
+    assert os.getpgid(reaper_pid) == reaper_pid and os.getpgid(engine[0].pid) == worker.pid
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    os.killpg(worker.pid, signal.SIGKILL)  # the engine processes go with the group; the reaper is not in it
+    assert wait_until(lambda: _gone(engine), timeout_s=10)
+    assert wait_until(lambda: not os.path.exists(f"/dev/shm/{SEGMENT}"), timeout_s=10)
