@@ -22,6 +22,9 @@ from cli.options import (
     LogJson,
     LogLevel,
     MetricsHost,
+    SERVED_NAME_HELP,
+    resolved_model,
+    served_names,
     transport,
     validated,
 )
@@ -29,8 +32,9 @@ from cli.runner import run_service
 
 
 def frontend(
-    model: Path = typer.Option(..., help="HF model directory (tokenizer, chat template)"),
-    served_model_name: str | None = typer.Option(None),
+    model: str = typer.Option(..., help="HF model directory (tokenizer, chat template), or a Hugging Face id in "
+                              "the local cache (HF_HOME)"),
+    served_model_name: str | None = typer.Option(None, help=SERVED_NAME_HELP),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or several replicas comma-separated (any live one answers)"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
@@ -65,7 +69,9 @@ def frontend(
     from cli.frontend_processes import copy_metrics_port, process_index, supervise
 
     configure_logging(log_level, log_json, "frontend")
-    validated(model, need_weights=False)  # tokenizer and config only
+    ref = resolved_model(model)
+    validated(ref.path, need_weights=False)  # tokenizer and config only
+    names = served_names(served_model_name, ref.name)
     index = process_index()
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
@@ -77,7 +83,7 @@ def frontend(
                         body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
                         max_connections=max_connections)
     config = FrontendConfig(
-        model_name=served_model_name or model.resolve().name, model_dir=model,
+        model_name=names[0], model_aliases=names[1:], model_dir=ref.path,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
                                 migration_wait_s=migration_wait_s,
                                 transport=transport(curve_dir, "frontend")),

@@ -28,8 +28,11 @@ from cli.options import (
     CurveDir,
     LogJson,
     LogLevel,
+    SERVED_NAME_HELP,
     kv_transfer_checked,
     kv_transfer_option,
+    resolved_model,
+    served_names,
     validated,
 )
 from services.planner import defaults as planner_defaults
@@ -54,10 +57,17 @@ def _in_panel(option, panel: str):
 
 
 def up(
+    ctx: typer.Context,
     # Engine and model
-    model: Optional[Path] = typer.Option(
-        None, help="HF model directory (default: the embedded tiny model); mock needs only config.json and a "
-        "tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
+    model: Optional[str] = typer.Option(
+        None, help="HF model directory or a Hugging Face id in the local cache (default: the embedded tiny model); "
+        "mock needs only config.json and a tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
+    served_model_name: Optional[str] = typer.Option(None, help=SERVED_NAME_HELP, rich_help_panel=ENGINE),
+    prefill_args: str = typer.Option(
+        "", help="vLLM engine arguments for prefill engines only, after the common ones: e.g. "
+        "'--max-num-batched-tokens 16384 --enable-chunked-prefill'", rich_help_panel=ENGINE),
+    decode_args: str = typer.Option(
+        "", help="vLLM engine arguments for decode engines only, e.g. '--max-num-seqs 256'", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
     kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "push"), ENGINE),
@@ -155,7 +165,13 @@ def up(
     kvtier_metrics_port: int = typer.Option(0, help="kvtier's Prometheus port (0: any free one)",
                                             rich_help_panel=LOGGING),
 ) -> None:
-    """Launch a whole local graph (router, workers, frontend) and stop it cleanly on Ctrl-C."""
+    """Launch a whole local graph (router, workers, frontend) and stop it cleanly on Ctrl-C.
+
+    Every other option is a vLLM engine argument for every engine, under vLLM's name (`up --model M
+    --max-model-len 32768 -tp 2`, `--config engine.yaml`); --prefill-args and --decode-args add each pool's own.
+    All are checked by vLLM's parser before anything starts."""
+    import shlex
+
     from cli.launcher import GraphSpec, PlannerSpec, frontends_that_fit, launch
 
     configure_logging(log_level, log_json, "up")
@@ -166,8 +182,18 @@ def up(
     kv_transfer = up_kv_transfer(kv_transfer)
     if curve and curve_dir is not None:
         raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
+    engine_args = tuple(a for a in ctx.args if a != "--")
+    pool_args = {"prefill": _split(shlex, prefill_args, "--prefill-args"),
+                 "decode": _split(shlex, decode_args, "--decode-args")}
+    _check_engine_args(engine_args, pool_args)  # vLLM's one-line error now, not a child's traceback later
+    model_dir: Optional[Path] = None
+    names = served_names(served_model_name, "") if served_model_name else ()
     if model is not None:
-        validated(model, need_weights=engine == "vllm")  # a one-line error now, not a child's traceback later
+        ref = resolved_model(model)
+        model_dir = ref.path
+        validated(model_dir, need_weights=engine == "vllm")
+        if not names and ref.hub_id:
+            names = (ref.hub_id,)  # the cache's snapshot directory is named by its commit hash
     planner_spec = PlannerSpec(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
         max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions, role_switch=role_switch,
@@ -182,7 +208,7 @@ def up(
     limits = HttpLimits(max_body_mib=max_body_mib, max_header_kib=max_header_kib, header_timeout_s=header_timeout_s,
                         body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
                         max_connections=max_connections)
-    spec = GraphSpec(model=model, engine=engine, num_prefill=0 if aggregated else prefill,
+    spec = GraphSpec(model=model_dir, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
                      mock_speedup=mock_speedup, mock_profile=mock_profile, mock_start_s=mock_start_s,
@@ -197,5 +223,28 @@ def up(
                      pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
                      planner=planner_spec if planner else None, num_frontends=frontends,
                      http_limits=limits, curve=curve,
-                     curve_dir=curve_dir, switchable=switchable)
+                     curve_dir=curve_dir, switchable=switchable, served_model_names=names,
+                     engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
+                     decode_engine_args=pool_args["decode"])
     raise typer.Exit(launch(spec))
+
+
+def _split(shlex, text: str, flag: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc} in {text!r}", param_hint=flag) from None
+
+
+def _check_engine_args(common: tuple[str, ...], pools: dict[str, tuple[str, ...]]) -> None:
+    """Each pool's engine arguments as its workers will parse them (common ones first); exit 2 on vLLM's error."""
+    from services.worker.engines.vllm.engine_args import EngineArgsError, parse_engine_args
+
+    for pool, own in (("every engine", ()), *pools.items()):
+        if not (common or own) or (pool != "every engine" and not own):
+            continue
+        try:
+            parse_engine_args((*common, *own), prog="splitserve up")
+        except EngineArgsError as exc:
+            typer.echo(f"error: {exc}" + ("" if pool == "every engine" else f" (--{pool}-args)"), err=True)
+            raise typer.Exit(2) from exc

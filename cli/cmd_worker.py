@@ -20,10 +20,13 @@ from cli.options import (
     Node,
     Zone,
     address_checked,
+    SERVED_NAME_HELP,
     curve_key_dir,
     default_node,
     kv_transfer_checked,
     reexec_with_engine_env,
+    resolved_model,
+    served_names,
     transport,
     validated,
 )
@@ -34,7 +37,8 @@ ENGINE_DEAD_EXIT_CODE = 3
 
 
 def worker(
-    model: Path = typer.Option(..., help="HF model directory"),
+    ctx: typer.Context,
+    model: str = typer.Option(..., help="HF model directory, or a Hugging Face id in the local cache (HF_HOME)"),
     role: str = typer.Option("both", help="prefill | decode | both (the role at start: see --switchable)"),
     switchable: Optional[bool] = typer.Option(
         None, "--switchable/--fixed-role", help="Routers may move this worker between the prefill and decode "
@@ -49,13 +53,15 @@ def worker(
         "a wildcard is refused"),
     node: Optional[str] = Node,
     zone: str = Zone,
-    served_model_name: Optional[str] = typer.Option(None, help="Name clients use (default: directory name)"),
+    served_model_name: Optional[str] = typer.Option(None, help=SERVED_NAME_HELP),
     worker_id: Optional[str] = typer.Option(None, help="Unique in the cluster (default: ROLE-NODE-PID)"),
     engine: str = typer.Option("mock", help="mock | vllm"),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
     num_blocks: Optional[int] = typer.Option(None, help="KV blocks (mock default 2048; vLLM: from memory)"),
-    max_num_seqs: int = typer.Option(64),
-    max_num_batched_tokens: int = typer.Option(2048),
+    max_num_seqs: Optional[int] = typer.Option(None, help="Sequences per step (default: mock and vLLM on CPU 64; "
+                                               "GPUs: vLLM's)"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, help="Tokens per step (default: mock and vLLM on "
+                                                         "CPU 2048; GPUs: vLLM's)"),
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
     mock_start_s: float = typer.Option(0.0, help="Mock: seconds its engine takes to start (as a real one loads)"),
@@ -83,11 +89,36 @@ def worker(
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
-    """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router."""
+    """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router.
+
+    Every other option is a vLLM engine argument under vLLM's own name, e.g. `splitserve worker --model M
+    --engine vllm -- --max-model-len 32768 -tp 2 --kv-cache-dtype fp8` (`--` is optional; `--config FILE.yaml` as
+    in `vllm serve`): vLLM's parser checks them, and a bad one is its error. The KV connector, KV events and
+    prefix caching are the worker's (refused with the reason)."""
     from common.hashing import hash_seed
+    from services.worker.engines.vllm.engine_args import (
+        NO_ENGINE_ARGS,
+        SHARED_ARGS,
+        EngineArgsError,
+        parse_engine_args,
+    )
     from services.worker.service import WorkerConfig, WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
+    try:
+        engine_args = parse_engine_args(ctx.args) if ctx.args else NO_ENGINE_ARGS
+    except EngineArgsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    # vLLM arguments that are also the worker's own options replace them (both engines, the router's block hashes
+    # and the frontend's context see one value).
+    block_size = engine_args.get("block_size", block_size)
+    num_blocks = engine_args.get("num_gpu_blocks_override", num_blocks)
+    max_num_seqs = engine_args.get("max_num_seqs", max_num_seqs)
+    max_num_batched_tokens = engine_args.get("max_num_batched_tokens", max_num_batched_tokens)
+    dtype = engine_args.get("dtype", dtype)
+    max_model_len: Optional[int] = engine_args.get("max_model_len")
+    names = tuple(engine_args.get("served_model_name") or ()) or None
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
     kv_transfer_checked(kv_transfer)
@@ -109,8 +140,10 @@ def worker(
         typer.echo(f"warning: --advertise {advertise_endpoint} but decode engines are told to pull KV from "
                    f"{nixl_peer_host}: set --nixl-host 0.0.0.0 (or --nixl-advertise) for decode on other hosts",
                    err=True)
-    info = validated(model, need_weights=engine != "mock")  # the mock engine reads config.json only
-    name = served_model_name or model.resolve().name
+    ref = resolved_model(model, engine_args.get("revision", "main"))
+    model_dir = ref.path
+    info = validated(model_dir, need_weights=engine != "mock")  # the mock engine reads config.json only
+    name = (names or served_names(served_model_name, ref.name))[0]  # the frontend owns aliases
     node = node or default_node()
     # PIDs repeat across machines (every container's first process is 1): the node keeps default ids apart.
     wid = worker_id or f"{role}-{node}-{os.getpid()}"
@@ -133,11 +166,14 @@ def worker(
                 raise typer.Exit(2) from exc
         else:
             timing = TimingModel(speedup=mock_speedup)
+        ignored = sorted(set(engine_args.given) - set(SHARED_ARGS) - {"revision"})
+        if ignored:
+            typer.echo(f"warning: the mock engine ignores vLLM engine arguments {', '.join(ignored)}", err=True)
         eng = MockEngine(MockEngineConfig(
-            num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
+            num_blocks=num_blocks or 2048, block_size=block_size, max_num_seqs=max_num_seqs or 64,
+            max_num_batched_tokens=max_num_batched_tokens or 2048,
             # A sequence cannot outgrow the KV pool: register that as the served context, as vLLM does.
-            max_model_len=min(info.max_position_embeddings, (num_blocks or 2048) * block_size),
+            max_model_len=min(max_model_len or info.max_position_embeddings, (num_blocks or 2048) * block_size),
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=hash_seed(name), timing=timing, engine_id=wid,
@@ -147,14 +183,18 @@ def worker(
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
         from services.worker.engines.vllm.engine import VllmEngine
 
+        if max_model_len is None and num_blocks is not None:
+            max_model_len = min(info.max_position_embeddings, (num_blocks - 1) * block_size)  # vLLM keeps 1 null block
+        if max_num_batched_tokens is not None and "max_num_batched_tokens" not in engine_args.given:
+            # The worker's own option: a decode worker may take a small per-step budget (its local prefills are
+            # then chunked); the others keep room for a whole long prompt in one step. vLLM's name after `--` is
+            # taken as given.
+            max_num_batched_tokens = (max(max_num_batched_tokens, max_num_seqs or 64)
+                                      if role == "decode" and not switchable else max(max_num_batched_tokens, 2048))
         config = VllmEngineConfig(
-            model=model, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=min(
-                info.max_position_embeddings, 8192, ((num_blocks or 8192) - 1) * block_size),  # vLLM keeps 1 null block
-            max_num_seqs=max_num_seqs,
-            # A decode worker may take a small per-step budget (its local prefills are then chunked); the others
-            # keep room for a whole long prompt in one step.
-            max_num_batched_tokens=(max(max_num_batched_tokens, max_num_seqs) if role == "decode" and not switchable
-                                    else max(max_num_batched_tokens, 2048)),
+            model=model_dir, dtype=dtype, block_size=block_size, num_blocks=num_blocks, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            engine_args=engine_args.without((*SHARED_ARGS, "revision")),
             kv_role="both" if switchable else role, switchable=switchable, kv_transfer=kv_transfer,
             nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,

@@ -100,6 +100,19 @@ class GraphSpec:
     curve_dir: Path | None = None
     # Workers may move between the prefill and decode pools in place (SetRole); None: the engine's default.
     switchable: bool | None = None
+    # Names clients use (the first is the one responses carry and workers register); (): the model's own name.
+    served_model_names: tuple[str, ...] = ()
+    # vLLM engine arguments as typed (engine_args.py parses them): every worker's, then each pool's own after them
+    # (argparse keeps the last value, so a pool's word wins over the common one).
+    engine_args: tuple[str, ...] = ()
+    prefill_engine_args: tuple[str, ...] = ()
+    decode_engine_args: tuple[str, ...] = ()
+
+
+def pool_engine_args(spec: GraphSpec, role: str) -> tuple[str, ...]:
+    """A worker's vLLM engine arguments: the common ones, then its pool's (aggregated workers: the common ones)."""
+    own = {"prefill": spec.prefill_engine_args, "decode": spec.decode_engine_args}.get(role, ())
+    return (*spec.engine_args, *own)
 
 
 def kvtier_command(spec: GraphSpec, router: str, endpoint: str) -> list[str]:
@@ -145,7 +158,10 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--switchable" if spec.switchable else "--fixed-role"]
     if role == "decode" and spec.decode_max_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
-    return cmd
+    if spec.served_model_names:
+        cmd += ["--served-model-name", spec.served_model_names[0]]
+    engine_args = pool_engine_args(spec, role)
+    return [*cmd, "--", *engine_args] if engine_args else cmd
 
 
 def worker_roles(spec: GraphSpec) -> list[str]:
@@ -193,6 +209,8 @@ def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[st
     shared port, /metrics answers from whichever process the kernel picked)."""
     cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port),
            *spec.http_limits.args()]
+    if spec.served_model_names:
+        cmd += ["--served-model-name", ",".join(spec.served_model_names)]
     if spec.num_frontends <= 1:
         return [cmd]
     return [[*cmd, "--metrics-port", str(free_port())] for _ in range(spec.num_frontends)]

@@ -61,6 +61,14 @@ def launch(spec: GraphSpec) -> int:
         return _launch(spec, keys)
 
 
+def with_options(cmd: list[str], options: list[str]) -> list[str]:
+    """``options`` are the service's own: before a worker's `--` (what follows it is vLLM's)."""
+    if "--" not in cmd:
+        return [*cmd, *options]
+    split = cmd.index("--")
+    return [*cmd[:split], *options, *cmd[split:]]
+
+
 def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
     model = spec.model or DEFAULT_MODEL_DIR
     if spec.model is None and not (model / "config.json").exists():
@@ -117,7 +125,7 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
         cores = frozenset() if cmd[0] == "worker" else control_cores  # a worker pins itself to its --core
         # The child sets its cores and parent-death signal itself (cli/child_setup.py): no preexec_fn in a
         # launcher with ZeroMQ threads running.
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *cmd, *common], start_new_session=True,
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *with_options(cmd, common)], start_new_session=True,
                                 env={**env, **launcher_env(os.getpid(), cores)})
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":

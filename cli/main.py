@@ -34,7 +34,11 @@ router_app.command("set-role")(set_role)
 router_app.command("workers")(workers)
 app.add_typer(router_app, name="router")
 
-for command in (worker, kvtier, frontend, up, profile, plan):
+# worker and up take vLLM's engine arguments as they are (cli/cmd_worker.py): unknown options pass through.
+ENGINE_ARGS_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+for command in (worker, up):
+    app.command(context_settings=ENGINE_ARGS_CONTEXT)(command)
+for command in (kvtier, frontend, profile, plan):
     app.command()(command)
 app.command("planner")(planner_cmd)
 app.command("planner-events")(planner_events)
@@ -54,7 +58,9 @@ def router_main() -> None:
 
 
 def worker_main() -> None:
-    typer.run(worker)
+    one = typer.Typer(add_completion=False)
+    one.command(context_settings=ENGINE_ARGS_CONTEXT)(worker)
+    one()
 
 
 if __name__ == "__main__":

@@ -109,6 +109,30 @@ def validated(model: Path, need_weights: bool = True):
         raise typer.Exit(2) from exc
 
 
+def resolved_model(ref: str, revision: str = "main"):
+    """``--model``: a directory, or a Hugging Face id from the local cache (HF_HUB_CACHE, HF_HOME/hub or
+    ~/.cache/huggingface/hub, as huggingface_hub reads them); a one-line error and exit 2 otherwise."""
+    from common.errors import ModelError
+    from common.model_ref import default_hub_dir, resolve_model
+
+    try:
+        return resolve_model(ref, default_hub_dir(dict(os.environ), Path.home()), revision)
+    except ModelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def served_names(option: str | None, default: str) -> tuple[str, ...]:
+    """``--served-model-name NAME[,ALIAS...]``: the name responses carry first, then the aliases requests may use."""
+    names = tuple(n.strip() for n in (option or "").split(",") if n.strip())
+    return names or (default,)
+
+
+# `--served-model-name`'s help, shared by the commands that take it.
+SERVED_NAME_HELP = ("Names clients use, comma-separated: responses carry the first, requests may use any (vLLM's "
+                    "--served-model-name a b). Default: the Hugging Face id, or the model directory's name")
+
+
 def reexec_with_engine_env(env: dict[str, str]) -> None:
     """LD_PRELOAD only takes effect at process start: re-exec once with the engine's environment."""
     missing = {k: v for k, v in env.items() if os.environ.get(k) != v}

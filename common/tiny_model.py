@@ -105,6 +105,11 @@ def validate_model_dir(path: Path, need_weights: bool = True) -> ModelInfo:
                              "model needs them; --engine mock needs only config.json and a tokenizer)")
         for name in weight_files:
             _check_safetensors(path / name)
+    if isinstance(config.get("text_config"), dict):
+        # Multimodal and newer checkpoints (Gemma 3, Llama 4, Qwen-VL...) nest the language model's shape there;
+        # the top level keeps architectures, and may keep eos/dtype.
+        config = {**config, **config["text_config"], "architectures": config.get("architectures")
+                  or config["text_config"].get("architectures")}
     try:
         num_heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])

@@ -113,6 +113,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # The engine serves either side of P/D (vLLM kv_both, the mock engine): the router may move it between the
     # prefill and decode pools in place (SetRole) instead of the planner restarting it.
     switchable: bool = False
+    # The engine's configuration as it runs, by vLLM's names (max_model_len, tensor_parallel_size, enforce_eager,
+    # ...): what `splitserve router workers` shows.
+    engine_settings: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -11,10 +11,12 @@ from common.protocol import WorkerList
 
 
 def served_context_len(model_max_len: int, workers: WorkerList | None, model: str) -> int:
-    """The model's context, or the smallest ``max_model_len`` a worker of ``model`` registered if less; any
-    worker may be chosen for a request, so the smallest is the one every route honours."""
+    """The smallest ``max_model_len`` a worker of ``model`` registered (any worker may be chosen for a request, so
+    the smallest is the one every route honours); the model config's context while none has. The engines'
+    word wins over the config's, as in `vllm serve`: their ``--max-model-len`` may exceed the config (rope
+    scaling, VLLM_ALLOW_LONG_MAX_MODEL_LEN) or cut it."""
     limits = [w.max_model_len for w in workers.workers if w.model == model and w.max_model_len > 0] if workers else []
-    return min([model_max_len, *limits])
+    return min(limits) if limits else model_max_len
 
 
 # Prompts of fewer characters are templated and tokenized on the event loop: under ~0.1 ms of work, less than

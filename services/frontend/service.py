@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+import msgspec
 import orjson
 import structlog
 
@@ -32,6 +34,7 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
+    CompletionRequest,
     check_template_kwargs,
     completion_prompt,
     message_dicts,
@@ -42,6 +45,7 @@ from services.frontend.openai_api import (
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses import ResponseShape
 from services.frontend.responses_api import ResponsesShape, parse_responses
+from services.frontend.served_models import ServedModels
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
 from services.frontend.tool_parsers import parser_for_template
@@ -55,9 +59,12 @@ ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/respon
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
 
 
+_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
+
+
 @dataclass(frozen=True)
 class FrontendConfig:
-    model_name: str
+    model_name: str  # what responses carry and workers register
     model_dir: Path
     pipeline: PipelineConfig
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -68,6 +75,8 @@ class FrontendConfig:
     open_paths: tuple[str, ...] = ("/health", "/metrics", "/dashboard")
     # Log each request's prompt text (off: prompts and secrets never reach the log).
     log_prompts: bool = False
+    # More names requests may use for model_name (vLLM's extra --served-model-name values); /v1/models lists all.
+    model_aliases: tuple[str, ...] = ()
     # Threads that template and tokenize long prompts off the event loop.
     num_tokenizer_threads: int = 2
     # This process's own Prometheus port (0: /metrics on the HTTP port only).
@@ -84,6 +93,7 @@ class FrontendService:
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
+        self._served_models = ServedModels(config.model_name, config.model_aliases)
         self.port = 0
         # (monotonic time, serving workers by pool) of the last /health look at the router, and every pool
         # seen serving since start (one gone empty makes /health "degraded").
@@ -134,7 +144,7 @@ class FrontendService:
                 case ("POST", "/v1/responses"):
                     await self._responses(req, resp)
                 case ("GET", "/v1/models"):
-                    resp.send(200, self._models())
+                    resp.send(200, self._served_models.listing())
                 case ("GET", "/health"):
                     await self._health(resp)
                 case ("GET", "/metrics"):
@@ -175,10 +185,6 @@ class FrontendService:
         log.debug("handler_crashed_traceback", exc_info=exc)
         self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
 
-    def _models(self) -> bytes:
-        return orjson.dumps({"object": "list", "data": [
-            {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "splitserve"}]})
-
     async def _health(self, resp: Response) -> None:
         now = time.monotonic()
         checked_at, counts = self._workers_cache
@@ -196,10 +202,10 @@ class FrontendService:
             "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
 
     # ----------------------------------------------------------------------------------------- generation
-    def _check_model(self, model: str) -> None:
-        if model != self.config.model_name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.config.model_name!r}",
-                           param="model", code="model_not_found")
+    def _served(self, body: _Body) -> _Body:
+        """The request under the served name (what workers registered and responses carry)."""
+        name = self._served_models.canonical(body.model)
+        return body if name == body.model else msgspec.structs.replace(body, model=name)
 
     def _context_len(self) -> int:
         return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
@@ -218,12 +224,12 @@ class FrontendService:
             return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+    def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None, param: str = "messages") -> int:
         """Checks the prompt fits the context; returns max_tokens (default: the rest of the context)."""
         max_len = self._context_len()
         if num_prompt_tokens >= max_len:
             raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this server's context is {max_len} tokens",
-                           param="messages", code="context_length_exceeded")
+                           param=param, code="context_length_exceeded")
         if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
             raise ApiError(400, f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
                            f"the context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
@@ -235,8 +241,7 @@ class FrontendService:
 
     async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
-        body = body or parse_chat(req.body)
-        self._check_model(body.model)
+        body = self._served(body or parse_chat(req.body))
         tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, self._tool_parser)
         messages = message_dicts(body.messages)
         num_chars = sum(len(m["content"]) for m in messages)
@@ -261,8 +266,7 @@ class FrontendService:
                              tools if tools is not None and tools.shapes_answer else None)
 
     async def _completion(self, req: Request, resp: Response) -> None:
-        body = parse_completion(req.body)
-        self._check_model(body.model)
+        body = self._served(parse_completion(req.body))
         prompt = completion_prompt(body.prompt)
         if isinstance(prompt, str):
             self._check_prompt_chars(len(prompt), "prompt")
@@ -275,7 +279,8 @@ class FrontendService:
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
         # OpenAI's completions default is 16 tokens.
-        max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16)
+        max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16,
+                                         param="prompt")
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
                                    self.tokenizer.vocab_size)
         shape = ResponseShape.completion(new_id("cmpl"), body.model)

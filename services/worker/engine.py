@@ -7,7 +7,7 @@ worker process. ``generate`` yields ``EngineOutput``s for one request until one 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -118,6 +118,10 @@ class Engine(Protocol):
 
     def counters(self) -> EngineCounters:
         """Cumulative prefix-hit and transfer counters."""
+
+    def settings(self) -> Mapping[str, str]:
+        """The engine's configuration as it runs, by vLLM's names (vLLM: read back from its VllmConfig), for the
+        worker's registration: operators and tests see what each engine really runs with."""
 
     def dead_reason(self) -> str:
         """Why the engine can serve nothing more ("" while it can): its engine process died, its step loop

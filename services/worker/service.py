@@ -396,7 +396,7 @@ class WorkerService:
             node=self.config.node, zone=self.config.zone,
             # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
             kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
-            switchable=self.config.switchable,
+            switchable=self.config.switchable, engine_settings=dict(self.engine.settings()),
         )
 
     async def _heartbeat_loop(self) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import types
 
 import structlog
 
@@ -131,7 +132,7 @@ async def test_handler_crash_logs_one_line_without_traceback() -> None:
         def boom():
             raise RuntimeError("models table exploded")
 
-        service._models = boom
+        service._served_models = types.SimpleNamespace(listing=boom)
         with structlog.testing.capture_logs() as logs:
             reply = await call(service, "GET", "/v1/models", headers={"authorization": "Bearer k"})
         assert reply.status == 500

@@ -142,6 +142,13 @@ class MockEngine:
             prefill_tokens_per_s=self._prefill_tokens_per_s,
         )
 
+    def settings(self) -> dict[str, str]:
+        """Its configuration, under vLLM's names where vLLM has one."""
+        c = self.config
+        return {"max_model_len": str(c.max_model_len), "max_num_seqs": str(c.max_num_seqs),
+                "max_num_batched_tokens": str(c.max_num_batched_tokens), "block_size": str(c.block_size),
+                "num_gpu_blocks": str(c.num_blocks)}
+
     def dead_reason(self) -> str:
         if self._failure is not None:
             return f"mock engine failed: {self._failure!r}"

