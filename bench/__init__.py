@@ -7,16 +7,16 @@ Layout, and why:
   any OpenAI-compatible server, any user. Beside them sits what the product and the issue benchmarks (and the
   tests) share, so that each exists once: ``client`` (the one HTTP/SSE client), ``metrics`` (the definitions
   of TTFT, ITL, TPOT, goodput), ``server`` (models, layout, Prometheus), ``machine`` (the one ``machine()``),
-  ``graph`` (the one process-graph harness, also used by tests/), ``procs`` (CPU and memory from /proc),
+  ``procs`` (CPU and memory from /proc),
   ``load`` (fixed request bodies, closed loop) and ``results`` (a benchmark's model, conditions, JSON file).
-- ``bench/<name>.py`` is an issue benchmark: a script, ``python bench/<name>.py --help``. It is its workload
+- ``bench/<name>.py`` is an issue benchmark: a module run from the checkout, ``python -m bench.<name> --help``. It is its workload
   and its report, nothing else; a large one is split into ``<name>.py`` (the run) and ``<name>_report.py``
   or ``<name>_workload.py`` (its parts). They write JSON with conditions under bench/results/.
   ``kv_transfer.py`` is the KV-pull analysis interference.py and its tests share.
 - ``bench/profiles/``: engine timing profiles (`splitserve profile`) the planner benchmarks replay.
 
-Scripts import ``bench.*`` through the installed package (editable: `make setup`), never through
-``sys.path`` edits, and nothing from tests/. No module here is named like a top-level package (``common``,
-``cli``, ``services``): ``python bench/x.py`` puts bench/ first on the import path, where such a name would
-shadow the real package.
+Benchmarks that start process graphs or namespaced hosts take them from the tests' harness
+(``tests/harness/``: the one harness, owned by the tests), which is why they run as ``python -m bench.<name>``
+from the checkout; ``bench/lib/`` itself imports nothing from tests/ (it ships with the package). No
+``sys.path`` edits anywhere.
 """

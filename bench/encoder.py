@@ -9,7 +9,7 @@ Both must give the same ids (checked on every prompt). CPU is this process's thr
   code:  the stdlib's .py sources (what the embedded tiny model's tokenizer was trained on).
   bench: the 55-word prose of bench/frontend.py's 2,000-token prompts (its cache always hits).
 
-    python bench/encoder.py [--model models/tiny] [--prompts 40]
+    python -m bench.encoder [--model models/tiny] [--prompts 40]
 
 Writes bench/results/encoder.json (results + conditions) and prints a summary.
 """

@@ -16,7 +16,7 @@ server CPU (all processes) per short request; <= 1.5 ms frontend CPU per 2,000-t
 Cores: the load client is pinned to the last core. With 4+ cores the server gets the others; with fewer it is left
 on every core (so on 2 cores the client, 2 workers, the router and N frontends all compete: the result says so).
 
-    python bench/frontend.py [--frontends 1,2] [--rounds 2] [--requests 2000]
+    python -m bench.frontend [--frontends 1,2] [--rounds 2] [--requests 2000]
 
 Writes bench/results/frontend.json (results + conditions) and prints a summary.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 import orjson
 
 from bench.frontend_cpu import cpu_per_request, cpu_snapshot, server_processes
-from bench.lib.graph import REPO, start_graph
+from tests.harness.graph import REPO, start_graph
 from bench.lib.load import run_load_sync
 from bench.lib.procs import CLK_TCK
 from bench.lib.results import RESULTS, conditions, ensure_tiny_model, finish, write_result

@@ -14,7 +14,7 @@ and event-loop lag; over the run: the frontend's RSS (VmRSS) before/peak/after, 
 back, and the goals (bench/lib/hostile_eval.py): hostile TTFT p99 and ITL p99 within 1.2x of baseline; RSS
 after recovery within 10% of before.
 
-    python bench/frontend_hostile.py [--phase-s 30] [--streams 16] [--osl 64]
+    python -m bench.frontend_hostile [--phase-s 30] [--streams 16] [--osl 64]
 
 Writes bench/results/frontend_hostile.json (results + conditions) and prints a summary.
 """
@@ -35,7 +35,7 @@ from typing import Any
 from bench.frontend import chat_bodies, long_text
 from bench.lib import hostile_eval as ev
 from bench.lib.client import Client, StreamResult, get
-from bench.lib.graph import REPO, start_graph
+from tests.harness.graph import REPO, start_graph
 from bench.lib.hostile import HostileConfig
 from bench.lib.load import check_tokens
 from bench.lib.procs import pin, proc_cpu_s, rss_mib

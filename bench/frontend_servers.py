@@ -12,7 +12,7 @@ Streaming chat completions (max_tokens 16, ignore_eos) at concurrency 64, short 
 prompts, servers interleaved A B C A B C; per run: request rate, TTFT/e2e percentiles and the server's CPU per
 request (utime+stime of its process tree). Writes bench/results/frontend_servers.json.
 
-    python bench/frontend_servers.py [--requests 2000] [--granian-path DIR]
+    python -m bench.frontend_servers [--requests 2000] [--granian-path DIR]
 
 The ASGI adapter does not watch for client disconnects (the benchmark's clients never hang up).
 """
@@ -33,8 +33,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from cli.ports import free_port
 
 RESULTS = REPO / "bench" / "results"

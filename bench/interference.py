@@ -29,7 +29,7 @@ Goal (issue): P/D steady-stream ITL p99 with long prompts within 1.25x of its ow
 shows the stall; transfer GB/s >= 70% of the raw NIXL READ of the same bytes (bench/kv_transfer.py: per pull,
 median against median; P/D runs first send --idle-pulls long prompts one at a time for the idle figure).
 
-    python bench/interference.py [--model models/tiny-100m] [--dtype float32|bfloat16] [--order agg,pd,agg,pd]
+    python -m bench.interference [--model models/tiny-100m] [--dtype float32|bfloat16] [--order agg,pd,agg,pd]
         [--kv-transfer pull|push] [--baseline-s 30] [--interference-s 36] [--long-interval-s 3]
         [--out bench/results/interference.json]
 """
@@ -49,7 +49,7 @@ import msgspec
 from bench import interference_report as report
 from bench.kv_transfer import compare_to_raw, pulls_against_raw, pulls_between
 from bench.lib.client import Client, StreamResult
-from bench.lib.graph import start_graph, worker_infos
+from tests.harness.graph import start_graph, worker_infos
 from bench.lib.machine import loadavg
 from bench.lib.procs import tree_cpu_s
 from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result

@@ -6,7 +6,7 @@ shared system prompt (so every worker matches the first blocks and the walk trac
 Measured twice: device blocks only, then with a shared kvtier holding host copies of a third of the documents.
 Writes bench/results/micro_router.json and prints it.
 
-    python bench/micro_router.py [--trials 2000] [--blocks 1000000]
+    python -m bench.micro_router [--trials 2000] [--blocks 1000000]
 """
 
 from __future__ import annotations

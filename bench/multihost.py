@@ -1,6 +1,6 @@
 """KV between hosts [multihost]: the decode worker's pulls across a link, set against a raw NIXL READ over it.
 
-Hosts are namespaces on one machine (bench/lib/hosts.py): host 0 runs router and frontend, host 1 the prefill
+Hosts are namespaces on one machine (tests/harness/hosts.py): host 0 runs router and frontend, host 1 the prefill
 worker (core 0), host 2 the decode worker (core 1); each host has its own network, PID, IPC and mount namespace,
 so UCX cannot use shared memory or CMA between hosts and takes TCP over the veth link (its choice is read from
 UCX_LOG_LEVEL=info lines and recorded).
@@ -19,7 +19,7 @@ in each:
          bytes with the nearest descriptor count (bench/kv_transfer.py); and each prompt's TTFT.
 Then (unless --raw-only) both workers on host 1: the same prompts' TTFT and pulls, and a raw READ inside host 1.
 
-    python bench/multihost.py [--model models/tiny-100m] [--isl 2000] [--rounds 2] [--raw-only]
+    python -m bench.multihost [--model models/tiny-100m] [--isl 2000] [--rounds 2] [--raw-only]
         [--out bench/results/multihost.json]
 
 Goal (issue 14): median pull >= 70% of the raw READ, unshaped and shaped.
@@ -49,8 +49,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 GOAL_FRACTION = 0.70
 TARGET_CORE, INITIATOR_CORE = 0, 1  # where the prefill and the decode engine run
 MIB64 = 64 * 2**20
@@ -131,7 +129,7 @@ def raw_read(target_host, initiator_host, layout: dict, repeats: int, log_dir: P
     """One raw READ run (both variants of ``layout``), each agent a process on its host; results and UCX lanes."""
     from multiprocessing.connection import Connection
 
-    from bench.lib.graph import tree_pids
+    from tests.harness.graph import tree_pids
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "UCX_LOG_LEVEL": "info"}
     conns, procs, logs = {}, {}, {}
@@ -238,8 +236,8 @@ def engine_transports(graph) -> dict:
 # ------------------------------------------------------------------------------------------- run
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.host_graph import HostGraph, Placement
-    from bench.lib.hosts import hosts
+    from tests.harness.host_graph import HostGraph, Placement
+    from tests.harness.hosts import hosts
 
     layouts = shapes(args.model, args.dtype, args.isl, args.block_size)
     rng = random.Random(args.seed)
@@ -333,7 +331,7 @@ def main() -> None:
         "pulls_per_round": args.pulls, "gap_s": args.gap_s,
         "namespaces": "3 hosts: each its own network namespace (veth into a bridge in a namespace of its own, "
                       "198.18.0.0/15) and its own PID, IPC and mount namespace with a private /dev/shm "
-                      "(bench/lib/hosts.py); processes of one host share them",
+                      "(tests/harness/hosts.py); processes of one host share them",
         "raw_read": "bench/nixl_read.py target/initiator (nixl agent without progress thread, UCX "
                     "error_handling_mode none; target drains notifications every <=1 ms), metadata relayed out of "
                     "band; timing: make_prepped_xfer + transfer + poll to DONE; median over repeats, back-to-back",

@@ -12,7 +12,7 @@ bytes as one descriptor per region: block ids adjacent), the best layout can do.
 NIXL per docs/architecture.md#nixl-facts: agents made after spawn, ``nixl_agent_config(enable_prog_thread=False, backends=[])``,
 UCX with ``ucx_error_handling_mode=none``, the target drains ``get_new_notifs``, descriptor lists prepared once.
 
-    python bench/nixl_read.py [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000]
+    python -m bench.nixl_read [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000]
         [--repeats 30] [--out bench/results/nixl_read.json]
 
 Prints and returns {"scattered": {...GB/s...}, "coalesced": {...}, "conditions": {...}}.

@@ -11,7 +11,7 @@ probe first (a third, light workload: ISL 512, OSL 128, 0.15 req/s, no queueing)
 (``services.planner.profile.with_serving_overheads``), and both workloads are predicted with the raw and with
 the calibrated profile. The probe is not one of the workloads it is judged on.
 
-    python bench/plan_accuracy.py                # ~6 minutes (100M model, bf16); JSON in bench/results/
+    python -m bench.plan_accuracy                # ~6 minutes (100M model, bf16); JSON in bench/results/
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.lib.graph import REPO, Graph, start_graph
+from tests.harness.graph import REPO, Graph, start_graph
 from bench.lib.metrics import aggregate
 from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_model, write_result
 from bench.lib.runner import RequestParams, run_point

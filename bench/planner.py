@@ -18,10 +18,10 @@ pools over time (router, every second), worker-seconds (worker processes alive, 
 included), the planner's actions (moves with their switch time, starts, drains) and its reaction to each
 phase change (first move or start after it, in seconds and planner intervals).
 
-    python bench/planner.py                      # shift: ~8 minutes; JSON in bench/results/planner.json
-    python bench/planner.py --workload phase-change --variants fixed,restart,switch \
+    python -m bench.planner                      # shift: ~8 minutes; JSON in bench/results/planner.json
+    python -m bench.planner --workload phase-change --variants fixed,restart,switch \
         --out bench/results/planner-roles.json   # ~8 minutes
-    python bench/planner.py --engine vllm --workload phase-change --variants switch --phase-s 90 \
+    python -m bench.planner --engine vllm --workload phase-change --variants switch --phase-s 90 \
         --out /tmp/switch.json   # real vLLM engines (bench/lib/planner_vllm.py), ~6 minutes an arm
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import planner_vllm
-from bench.lib.graph import REPO, Graph, start_graph
+from tests.harness.graph import REPO, Graph, start_graph
 from bench.lib.metrics import aggregate
 from bench.lib.procs import children
 from bench.lib.results import (

@@ -27,9 +27,9 @@ Reuse = sum(cached_tokens) / sum(prompt_tokens) over all answers. Its ceiling (`
 infinite single cache would reuse on the same request stream (each prefix's first request is cold, every
 suffix is new); ``reuse_of_max`` = reuse / reuse_max.
 
-    python bench/routing.py                              # shared, zipf, multiturn; kv, round-robin, random
-    python bench/routing.py --workloads shared --repeats 2
-    python bench/routing.py --workloads vllm
+    python -m bench.routing                              # shared, zipf, multiturn; kv, round-robin, random
+    python -m bench.routing --workloads shared --repeats 2
+    python -m bench.routing --workloads vllm
 
 Writes (merges per workload into) bench/results/routing.json and prints a summary.
 """
@@ -49,7 +49,7 @@ from typing import Any
 import uvloop
 
 from bench import routing_report as report
-from bench.lib.graph import start_graph, tiny_model_dir, worker_stats
+from tests.harness.graph import start_graph, tiny_model_dir, worker_stats
 from bench.lib.machine import loadavg
 from bench.lib.results import RESULTS, write_result
 from bench.lib.results import conditions as results_conditions

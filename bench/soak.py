@@ -1,6 +1,6 @@
 """Soak: >= 20,000 requests through a mock P/D graph; nothing lost, memory flat, every block returned.
 
-    python bench/soak.py [--requests 20000] [--concurrency 32]
+    python -m bench.soak [--requests 20000] [--concurrency 32]
 
 Mixes short prompts (decode worker prefills locally) and long ones (remote prefill + simulated KV transfer),
 streamed chat with usage. Records each process's resident memory after every round; growth is measured from
@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from bench.lib.graph import start_graph, worker_stats
+from tests.harness.graph import start_graph, worker_stats
 from bench.lib.load import run_load_sync
 from bench.lib.procs import rss_mib
 from bench.lib.results import RESULTS, conditions, write_result

@@ -11,7 +11,7 @@ so the variants interleave (A B A B, docs/architecture.md#measuring); fillers ar
 tier hits are checked against kvtier's counters (``valid`` in the samples). Onboarding GB/s comes from the
 connector's own log line per load (lookup + NIXL READ + checksum of every block; ``read_gbps``: the READ alone).
 
-    python bench/tiers.py [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000] [--rounds 5]
+    python -m bench.tiers [--model models/tiny-100m] [--dtype bfloat16] [--prompt-tokens 2000] [--rounds 5]
         [--out bench/results/tiers.json]
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.client import Client, StreamResult
-from bench.lib.graph import Graph, ask, start_graph
+from tests.harness.graph import Graph, ask, start_graph
 from bench.lib.machine import loadavg
 from bench.lib.results import MODEL_100M, conditions, require_model, write_result
 from cli.launcher import GraphSpec, kvtier_block_bytes

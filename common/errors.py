@@ -51,7 +51,7 @@ class AddressError(SplitserveError, ValueError):
 
 
 class HostsError(SplitserveError):
-    """A namespaced test host (bench/lib/hosts.py) could not be set up or driven."""
+    """A namespaced test host (tests/harness/hosts.py) could not be set up or driven."""
 
 
 class HostsUnavailable(HostsError):

@@ -4,7 +4,9 @@
 nothing from ``services/Y`` (another service is reached through its contract in ``common/``) and nothing
 from ``cli/``, ``bench/`` or ``tests/``. Inside the worker, the service and the engine contract at the top of
 ``services/worker/`` import no engine implementation (``engines/``: the CLI picks and builds the engine).
-Imports inside functions count too.
+The tests' harness (``tests/harness/``) is the tests' own: nothing installed with the package (``cli/``,
+``common/``, ``services/``, ``bench/lib/``) imports from ``tests/``; benchmark scripts under ``bench/`` may. No
+module edits ``sys.path``. Imports inside functions count too.
 """
 
 from __future__ import annotations
@@ -72,6 +74,20 @@ def test_the_worker_top_imports_no_engine_implementation() -> None:
         return "engines sit below the worker service" if top and name[:3] == ["services", "worker", "engines"] else None
 
     assert _violations("services/worker", rule) == []
+
+
+def test_nothing_installed_imports_the_tests() -> None:
+    def rule(_path: Path, name: list[str]) -> str | None:
+        return "tests/ is not installed with the package" if name[0] == "tests" else None
+
+    assert [v for package in ("cli", "common", "services", "bench/lib") for v in _violations(package, rule)] == []
+
+
+def test_no_module_edits_sys_path() -> None:
+    edits = [str(path.relative_to(ROOT)) for package in ("cli", "common", "services", "bench", "tests")
+             for path in sorted((ROOT / package).rglob("*.py"))
+             if path != Path(__file__) and ("sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())]
+    assert edits == []
 
 
 @pytest.mark.parametrize(("source", "expected"), [

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bench.lib.graph import start_graph
+from tests.harness.graph import start_graph
 from cli.main import app
 
 

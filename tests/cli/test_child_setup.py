@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.lib.graph import wait_until
+from tests.harness.graph import wait_until
 from cli.child_setup import launcher_env
 
 REPO = Path(__file__).resolve().parents[2]

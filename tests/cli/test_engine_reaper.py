@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from bench.lib.graph import wait_until
+from tests.harness.graph import wait_until
 
 SEGMENT = f"splitserve-reaper-test-{os.getpid()}"
 # The "worker": starts the reaper, then an "engine core" child (and its own child) that maps a shared-memory

@@ -9,7 +9,7 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
-from bench.lib.graph import tiny_model_dir
+from tests.harness.graph import tiny_model_dir
 from cli.main import app
 from common.errors import ModelError
 from common.tiny_model import validate_model_dir

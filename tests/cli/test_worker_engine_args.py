@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 @pytest.fixture()
 def tiny_model_dir():
-    from bench.lib.graph import tiny_model_dir
+    from tests.harness.graph import tiny_model_dir
 
     return tiny_model_dir()
 

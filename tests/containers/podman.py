@@ -9,7 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from bench.lib.graph import wait_until  # noqa: F401  (re-exported for the container tests)
+from tests.harness.graph import wait_until  # noqa: F401  (re-exported for the container tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make containers-setup` imports it (debootstrap bookworm): no image registry is needed.

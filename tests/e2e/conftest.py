@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.lib.graph import Graph, start_graph
+from tests.harness.graph import Graph, start_graph
 from cli.ports import free_port
 
 

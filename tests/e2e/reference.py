@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from bench.lib.graph import Graph, start_graph
+from tests.harness.graph import Graph, start_graph
 from tests.e2e.test_openai_api import MODEL, client
 
 VLLM_ARGS = ("--engine", "vllm", "--dtype", "float32", "--local-prefill-max-tokens", "64")

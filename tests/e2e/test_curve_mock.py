@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import Graph, list_workers, start_graph, tiny_model_dir
+from tests.harness.graph import Graph, list_workers, start_graph, tiny_model_dir
 from bench.lib.machine import REPO
 from common.security import load_curve_keys, make_curve_keys
 from common.transport import TransportConfig

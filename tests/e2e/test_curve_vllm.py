@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import Graph, start_graph, wait_until
+from tests.harness.graph import Graph, start_graph, wait_until
 from common.kvtier.client import TierClientConfig
 from common.kvtier.sync_client import SyncTierClient
 from common.security import load_curve_keys, make_curve_keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from bench.lib.graph import Graph
+from tests.harness.graph import Graph
 from tests.e2e.test_openai_api import MODEL, client
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

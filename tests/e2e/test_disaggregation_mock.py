@@ -8,7 +8,7 @@ import urllib.request
 
 import httpx
 
-from bench.lib.graph import Graph, wait_until, worker_stats
+from tests.harness.graph import Graph, wait_until, worker_stats
 from services.router.topology import TopologyConfig
 from tests.e2e.test_openai_api import MODEL, client
 

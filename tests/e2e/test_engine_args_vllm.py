@@ -15,7 +15,7 @@ import shutil
 import httpx
 import pytest
 
-from bench.lib.graph import list_workers, start_graph, tiny_model_dir
+from tests.harness.graph import list_workers, start_graph, tiny_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from tests.harness.graph import Graph, child_pid, start_graph, wait_until, worker_stats
 from tests.e2e.test_openai_api import MODEL, client
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-from bench.lib.graph import REPO, tiny_model_dir
+from tests.harness.graph import REPO, tiny_model_dir
 from cli.ports import free_port
 
 
@@ -65,7 +65,7 @@ def _raw_status(port: int, request: bytes) -> int:
 
 
 def test_a_header_cap_set_on_up_reaches_every_frontend(tmp_path) -> None:
-    from bench.lib.graph import start_graph
+    from tests.harness.graph import start_graph
 
     graph = start_graph(tmp_path, "--engine", "mock", "--aggregated", "1", "--no-kvtier", "--frontends", "2",
                         "--max-header-kib", "1", "--mock-speedup", "10", "--log-level", "warning")

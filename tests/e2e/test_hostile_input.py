@@ -12,7 +12,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.lib.graph import Graph, worker_stats
+from tests.harness.graph import Graph, worker_stats
 from common.protocol import ListWorkers, WorkerList
 from common.transport import Client, new_id
 from tests.e2e.test_openai_api import MODEL, client

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from bench.lib.graph import Graph, wait_until
+from tests.harness.graph import Graph, wait_until
 from tests.e2e.test_openai_api import MODEL, client
 
 

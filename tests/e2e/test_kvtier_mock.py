@@ -19,7 +19,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from tests.harness.graph import Graph, child_pid, start_graph, wait_until, worker_stats
 from cli.ports import free_port
 from common.protocol import GetStats, TierStats
 from common.transport import Client, new_id

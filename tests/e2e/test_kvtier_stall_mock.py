@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph
+from tests.harness.graph import Graph, child_pid, start_graph
 from tests.e2e.test_openai_api import MODEL, client
 
 

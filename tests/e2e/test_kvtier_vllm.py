@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph, wait_until
+from tests.harness.graph import Graph, child_pid, start_graph, wait_until
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_openai_api import MODEL, client
 

@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from bench.lib.graph import start_graph, wait_until, worker_stats
+from tests.harness.graph import start_graph, wait_until, worker_stats
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_kvtier_vllm import FILLERS, PREFIX, complete
 

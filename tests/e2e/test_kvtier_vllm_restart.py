@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from bench.lib.graph import start_graph, wait_until, worker_stats
+from tests.harness.graph import start_graph, wait_until, worker_stats
 from tests.e2e.test_kvtier_mock import _settled, _tier_up, tier_stats
 from tests.e2e.test_kvtier_vllm import BLOCK, FILLERS, PREFIX, complete
 

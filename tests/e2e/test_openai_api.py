@@ -9,7 +9,7 @@ import urllib.request
 import openai
 import pytest
 
-from bench.lib.graph import Graph
+from tests.harness.graph import Graph
 
 MODEL = "tiny"
 
@@ -127,7 +127,7 @@ def test_prompt_over_the_workers_context_is_a_400_naming_it(tmp_path) -> None:
     client's error (400 with the limit), not a retryable 503 from a worker."""
     import time
 
-    from bench.lib.graph import start_graph
+    from tests.harness.graph import start_graph
 
     graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "1", "--mock-speedup", "inf",
                         "--num-blocks", "8", "--block-size", "32", "--no-kvtier")

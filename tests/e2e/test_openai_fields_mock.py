@@ -10,7 +10,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from bench.lib.graph import Graph, tiny_model_dir
+from tests.harness.graph import Graph, tiny_model_dir
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
 
@@ -104,7 +104,7 @@ def test_what_the_mock_cannot_honour_is_a_400_naming_it(mock_agg: Graph, fields:
 
 
 def test_n_choices_prefill_once_and_pull_once(mock_pd: Graph) -> None:
-    from bench.lib.graph import worker_stats
+    from tests.harness.graph import worker_stats
 
     c = client(mock_pd)
     prompt = [(41 * i) % 7000 + 300 for i in range(400)]

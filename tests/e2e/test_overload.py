@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from bench.lib.graph import Graph, start_graph, wait_until
+from tests.harness.graph import Graph, start_graph, wait_until
 from tests.e2e.test_openai_api import MODEL
 
 

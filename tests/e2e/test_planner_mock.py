@@ -13,8 +13,8 @@ import threading
 import httpx
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph, wait_until, worker_stats
-from bench.lib.graph import list_workers as graph_list_workers
+from tests.harness.graph import Graph, child_pid, start_graph, wait_until, worker_stats
+from tests.harness.graph import list_workers as graph_list_workers
 from common.protocol import WorkerList
 from tests.e2e.test_faults_mock import stream_in_background
 from tests.e2e.test_openai_api import MODEL

@@ -11,7 +11,7 @@ import threading
 
 import httpx
 
-from bench.lib.graph import list_workers, start_graph, wait_until
+from tests.harness.graph import list_workers, start_graph, wait_until
 from tests.e2e.test_openai_api import MODEL
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph
+from tests.harness.graph import Graph, child_pid, start_graph
 from tests.e2e.test_openai_api import MODEL
 
 
@@ -103,7 +103,7 @@ def test_killed_only_decode_worker_in_flight_requests_finish(pd_one_decode: Grap
 
 
 def _kill_when_streaming(graph: Graph) -> None:
-    from bench.lib.graph import wait_until, worker_stats
+    from tests.harness.graph import wait_until, worker_stats
 
     assert wait_until(lambda: worker_stats(graph.router)["decode-1"].load.num_running >= 8, timeout_s=20)
     os.kill(child_pid(graph, "--worker-id decode-1"), signal.SIGKILL)
@@ -132,7 +132,7 @@ def _reuse(graph: Graph, prefixes: list[list[int]], num_requests: int, salt: int
 def test_restarted_router_rebuilds_its_index_reuse_holds(kv3: Graph) -> None:
     """Scaled down from "reuse over the next 30 s within 5% of before": the restarted router asks every worker
     for a snapshot as it re-registers (crediting nothing until then) and routes prefixes where they live again."""
-    from bench.lib.graph import wait_until, worker_stats
+    from tests.harness.graph import wait_until, worker_stats
 
     prefixes = [[1000 + 500 * p + i for i in range(320)] for p in range(6)]  # 10 full blocks each
     _reuse(kv3, prefixes, 6, salt=0)  # each prefix computed once somewhere

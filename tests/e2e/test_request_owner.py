@@ -7,7 +7,7 @@ import asyncio
 
 import zmq.asyncio
 
-from bench.lib.graph import Graph
+from tests.harness.graph import Graph
 from common.protocol import (
     Abort,
     Generate,

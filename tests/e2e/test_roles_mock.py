@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from bench.lib.graph import REPO, Graph, list_workers, start_graph, tiny_model_dir, wait_until, worker_stats
+from tests.harness.graph import REPO, Graph, list_workers, start_graph, tiny_model_dir, wait_until, worker_stats
 from cli.ports import free_port
 from tests.e2e.test_openai_api import MODEL, client
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from bench.lib.graph import REPO, Graph, start_graph, wait_until, worker_stats
+from tests.harness.graph import REPO, Graph, start_graph, wait_until, worker_stats
 from tests.e2e.reference import VLLM_ARGS, Reference, complete, prompt
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.lib.graph import Graph, child_pid, start_graph, wait_until
+from tests.harness.graph import Graph, child_pid, start_graph, wait_until
 from tests.cli.test_child_setup import alive
 from tests.cli.test_mock_needs_no_weights import weightless_model
 

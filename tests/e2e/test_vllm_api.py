@@ -17,7 +17,7 @@ import random
 import jsonschema
 import pytest
 
-from bench.lib.graph import Graph, start_graph
+from tests.harness.graph import Graph, start_graph
 from tests.e2e.test_disaggregation_mock import metric
 from tests.e2e.test_openai_api import MODEL, client
 
@@ -100,7 +100,7 @@ def test_logit_bias_makes_every_token_that_token(vllm_pd: Graph) -> None:
     assert out.choices[0].logprobs.tokens == [out.choices[0].logprobs.tokens[0]] * 8
     from tokenizers import Tokenizer
 
-    from bench.lib.graph import tiny_model_dir
+    from tests.harness.graph import tiny_model_dir
 
     tok = Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))
     assert out.choices[0].text == tok.decode([1234] * 8)
@@ -157,7 +157,7 @@ def test_disaggregated_equals_local_for_every_field(vllm_pd: Graph) -> None:
 
 
 def test_n_choices_share_one_prefill_and_one_pull(vllm_pd: Graph) -> None:
-    from bench.lib.graph import worker_stats
+    from tests.harness.graph import worker_stats
 
     prompt = [(71 * i) % 7000 + 250 for i in range(90)]
     pulls = worker_stats(vllm_pd.router)["decode-1"].num_transfers

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.lib.graph import (
+from tests.harness.graph import (
     REPO,
     Graph,
     list_workers,

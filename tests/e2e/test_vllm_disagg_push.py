@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from bench.lib.graph import start_graph, wait_until, worker_stats
+from tests.harness.graph import start_graph, wait_until, worker_stats
 from cli.launcher import free_port
 from services.router.topology import TopologyConfig
 from tests.e2e.test_disaggregation_mock import metric

@@ -20,8 +20,8 @@ from pathlib import Path
 import openai
 import zmq.asyncio
 
-from bench.lib.graph import REPO, worker_stats
-from bench.lib.hosts import Host, HostProc, Hosts
+from tests.harness.graph import REPO, worker_stats
+from tests.harness.hosts import Host, HostProc, Hosts
 from common.protocol import GetStats, ListWorkers, TierStats, WorkerList, WorkerStats
 from common.transport import Client, new_id
 

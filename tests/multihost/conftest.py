@@ -1,4 +1,4 @@
-"""Fixtures for tests on namespaced hosts (bench/lib/hosts.py): hosts, and splitserve services placed on them."""
+"""Fixtures for tests on namespaced hosts (tests/harness/hosts.py): hosts, and splitserve services placed on them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.lib.hosts import Hosts, hosts
+from tests.harness.hosts import Hosts, hosts
 from common.errors import HostsUnavailable
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import REPO, tiny_model_dir
+from tests.harness.graph import REPO, tiny_model_dir
 from tests.multihost.cluster import Cluster
 
 pytestmark = pytest.mark.multihost

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import wait_until
-from bench.lib.host_runs import NAME_RE, cleanup_stale, subnet_prefix
-from bench.lib.hosts import hosts
+from tests.harness.graph import wait_until
+from tests.harness.host_runs import NAME_RE, cleanup_stale, subnet_prefix
+from tests.harness.hosts import hosts
 from common.errors import NetemUnavailable
 
 pytestmark = pytest.mark.multihost
@@ -129,7 +129,7 @@ def test_teardown_on_error_leaves_no_namespace_link_or_process(make_hosts) -> No
 
 def test_a_killed_run_leaves_no_process_and_its_namespaces_are_cleaned_up(make_hosts) -> None:
     make_hosts(0)
-    script = ("from bench.lib.hosts import hosts\nimport time\nwith hosts(1) as hs:\n"
+    script = ("from tests.harness.hosts import hosts\nimport time\nwith hosts(1) as hs:\n"
               "    p = hs[0].spawn(['sleep', '1000'])\n    print(hs.uid, p.pid, flush=True)\n    time.sleep(1000)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import tiny_model_dir, wait_until
+from tests.harness.graph import tiny_model_dir, wait_until
 from tests.multihost.cluster import Cluster
 
 pytestmark = pytest.mark.multihost

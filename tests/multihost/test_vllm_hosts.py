@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.graph import tiny_model_dir, wait_until
-from bench.lib.hosts import Host
+from tests.harness.graph import tiny_model_dir, wait_until
+from tests.harness.hosts import Host
 from common.protocol import WorkerStats
 from tests.multihost.cluster import Cluster, node_name
 

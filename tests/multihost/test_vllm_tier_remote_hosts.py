@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.lib.graph import tiny_model_dir, wait_until
+from tests.harness.graph import tiny_model_dir, wait_until
 from common.protocol import TierStats
 from tests.multihost.cluster import Cluster
 from tests.multihost.test_vllm_hosts import nixl_args

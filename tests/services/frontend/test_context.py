@@ -44,7 +44,7 @@ def test_min_prompt_tokens(num_chars: int, max_token_chars: int, expected: int) 
 
 
 def test_min_prompt_tokens_is_a_lower_bound_for_the_tiny_model() -> None:
-    from bench.lib.graph import tiny_model_dir
+    from tests.harness.graph import tiny_model_dir
     from services.frontend.tokenizer import ModelTokenizer
 
     tok = ModelTokenizer(tiny_model_dir())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from bench.lib.graph import tiny_model_dir
+from tests.harness.graph import tiny_model_dir
 from services.frontend import fast_bpe
 from services.frontend.fast_bpe import (
     GPT2_PATTERN,

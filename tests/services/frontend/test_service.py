@@ -11,7 +11,7 @@ import types
 
 import structlog
 
-from bench.lib.graph import tiny_model_dir
+from tests.harness.graph import tiny_model_dir
 from cli.ports import free_port
 from services.frontend.http import HttpConfig
 from services.frontend.pipeline import PipelineConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from bench.lib.graph import tiny_model_dir
+from tests.harness.graph import tiny_model_dir
 from services.frontend.tokenizer import ModelTokenizer
 
 # The switch Qwen3-style templates read: no "think" block when the client turns thinking off.

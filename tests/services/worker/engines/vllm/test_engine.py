@@ -1,6 +1,6 @@
 """Proof that prefill on one vLLM engine + NIXL pull + decode on another equals aggregated output.
 
-Two real engine processes (``services.worker.engines.vllm.smoke``), each pinned to its own core, fp32, tiny model.
+Two real engine processes (``tests.harness.vllm_smoke``), each pinned to its own core, fp32, tiny model.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class SmokeEngine:
         self.log_path = log_dir / f"{engine_id}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.worker.engines.vllm.smoke", json.dumps(fields)],
+            [sys.executable, "-m", "tests.harness.vllm_smoke", json.dumps(fields)],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """Push instead of pull: prefill on one vLLM engine, its KV WRITten by it over NIXL into blocks the decode engine
 allocated (vLLM 0.32's NixlPushConnector), decode there; greedy output equals one engine's.
 
-Two real engine processes (``services.worker.engines.vllm.smoke``), each pinned to its own core, fp32, tiny model.
+Two real engine processes (``tests.harness.vllm_smoke``), each pinned to its own core, fp32, tiny model.
 The prefill and the decode request carry one request id, as the frontend's do: the prefill engine matches the
 decode engine's block registration to its finished request by that id.
 """

@@ -11,7 +11,7 @@ so the test process can reach the hosts; there is no default route and no NAT, s
         hs[2].link_down(); hs[2].link_up(); hs[2].kill_all()
 
 Names carry a per-run id (``ss-<uid>-<i>``, bridge ``ss-<uid>-br``, root veth ``ss-<uid>``); ``cleanup_stale()``
-(bench/lib/host_runs.py, also ``python -m bench.lib.hosts``) removes what runs that died without tearing down
+(tests/harness/host_runs.py, also ``python -m tests.harness.hosts``) removes what runs that died without tearing down
 left behind. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); else
 ``HostsUnavailable``.
 """
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.lib.host_runs import (  # noqa: F401 (cleanup_stale, check_available: part of this module's API)
+from tests.harness.host_runs import (  # noqa: F401 (cleanup_stale, check_available: part of this module's API)
     check_available,
     cleanup_stale,
     delete_run,
@@ -285,5 +285,5 @@ def hosts(n: int) -> Iterator[Hosts]:
         made.close()
 
 
-if __name__ == "__main__":  # python -m bench.lib.hosts: remove what killed runs left behind
+if __name__ == "__main__":  # python -m tests.harness.hosts: remove what killed runs left behind
     print("removed runs:", " ".join(cleanup_stale()) or "none")

@@ -1,4 +1,4 @@
-"""A P/D graph spread over namespaced hosts (bench/lib/hosts.py): router and frontend on one host, a prefill and
+"""A P/D graph spread over namespaced hosts (tests/harness/hosts.py): router and frontend on one host, a prefill and
 a decode worker each on a host of its own (or both on one), every socket bound to its host's bridge address.
 
 Ports are fixed: each host has its own network namespace, so only services sharing a host need distinct ones.
@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.lib.hosts import Host, HostProc
+from tests.harness.hosts import Host, HostProc
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_PORT, FRONTEND_PORT = 7000, 8000

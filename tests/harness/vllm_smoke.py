@@ -1,6 +1,6 @@
 """A bare VllmEngine in its own process, driven by JSON lines: for tests and manual P/D checks.
 
-    python -m services.worker.engines.vllm.smoke '<VllmEngineConfig fields as JSON>'
+    python -m tests.harness.vllm_smoke '<VllmEngineConfig fields as JSON>'
 
 Reads one JSON command per stdin line, answers one stdout line prefixed ``SMOKE `` (vLLM may log to stdout
 too). Commands: {"op": "generate", ...EngineRequest fields, sampling fields flat}, {"op": "stats"},

@@ -1,4 +1,4 @@
-"""Bookkeeping of namespaced-host runs (bench/lib/hosts.py): names, subnets, and removal of what dead runs left.
+"""Bookkeeping of namespaced-host runs (tests/harness/hosts.py): names, subnets, and removal of what dead runs left.
 
 Each live run has ``STATE_DIR/<uid>.json`` (owner pid, subnet index) written under a file lock, so parallel runs
 get distinct names and /24s; a run whose owner died is stale and ``cleanup_stale()`` deletes its namespaces and
