@@ -44,7 +44,8 @@ def worker_rows(listed) -> list[dict[str, object]]:
     rows = [{"worker_id": w.worker_id, "role": w.role, "node": w.node, "endpoint": w.endpoint, "engine": w.engine,
              "model": w.model, "running": load.num_running, "waiting": load.num_waiting,
              "free_blocks": f"{load.num_free_blocks}/{load.num_total_blocks}",
-             "state": "draining" if w.worker_id in draining else "serving"}
+             "state": "draining" if w.worker_id in draining else "serving",
+             "engine_settings": dict(w.engine_settings)}  # --json only: the engine's effective vLLM config
             for w, load in zip(listed.workers, listed.loads, strict=True)]
     return sorted(rows, key=lambda r: (str(r["role"]), str(r["worker_id"])))
 

@@ -15,7 +15,7 @@ from cli.ports import free_port
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
-# `up`'s P/D KV transfer: push. Measured on a 2-core host (README, "Pull or push"; bench/interference.py, A B A B):
+# `up`'s P/D KV transfer: push. Measured on a 2-core host (docs/measuring.md, "Pull or push"; bench/interference.py, A B A B):
 # long prompts' TTFT p50 -7% (p99 -20%), decode ITL p99 with long prompts -4%. `up` binds every side channel to
 # 127.0.0.1, where push works; the `worker` command's default stays pull (services/worker/engine.py).
 UP_KV_TRANSFER = "push"

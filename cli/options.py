@@ -23,7 +23,7 @@ CurveDir = typer.Option(None, "--curve-dir", envvar="SPLITSERVE_CURVE_DIR",
 _KV_TRANSFER_HELP = ("How prefill->decode KV moves: pull (the decode engine READs the prefill engine's blocks) | push "
                      "(the prefill engine WRITEs into blocks the decode engine registered; vLLM NixlPushConnector; a "
                      "decode or switchable worker's --nixl-host must then be an address prefill hosts dial). Every "
-                     "worker of a P/D graph must use the same; see README, 'Pull or push'")
+                     "worker of a P/D graph must use the same; see docs/measuring.md, 'Pull or push'")
 
 
 def kv_transfer_option(default: str | None, default_help: str = ""):

@@ -9,6 +9,8 @@ import string
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.test_deploy import _check_args, _commands, _parse, _runs_alone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,3 +92,68 @@ def test_multihost_commands_are_real() -> None:
             command, args = command.commands[args[1]], args[1:]
         _check_args(command, args[1:], f"docs/multihost.md: splitserve {' '.join(args)}")
         _parse(command, args[1:], f"docs/multihost.md: splitserve {' '.join(args)}")
+
+
+# ---------------------------------------------------------------------------------------- README and every page
+README = ROOT / "README.md"
+PAGES = sorted(DOCS.glob("*.md"))
+
+
+def test_readme_is_an_entry_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: details belong in docs/"
+    for heading in ("## Two commands", "## Your model on your GPUs", "## Where splitserve loses",
+                    "## Where to go next"):
+        assert heading in lines, f"README.md has no {heading!r}"
+
+
+def test_links_and_paths_in_readme_and_docs_resolve() -> None:
+    for doc in (README, *PAGES):
+        text = doc.read_text()
+        assert "DESIGN.md" not in text and "../shared" not in text, f"{doc.name} cites the team notebook"
+        for path in re.findall(r"`([\w./-]+)`", text):
+            if path.startswith(TOP_DIRS) and "*" not in path:
+                assert (ROOT / path).exists(), f"{doc.name} names {path}, which is not in the tree"
+        for target, anchor in re.findall(r"\]\(([\w./-]+?)(?:#([\w-]+))?\)", text):
+            if target.startswith(("http:", "https:")):
+                continue
+            resolved = (doc.parent / target).resolve()
+            assert resolved.exists(), f"{doc.name} links to {target}, which does not exist"
+            if anchor:
+                assert resolved.suffix == ".md" and anchor in _anchors(resolved), f"{doc.name} links to {target}#{anchor}"
+
+
+def _readme_splitserve_lines() -> list[list[str]]:
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" #", 1)[0].strip().removeprefix(".venv/bin/").rstrip("&").strip()
+            if line.startswith("splitserve "):
+                lines.append(shlex.split(line)[1:])
+    return lines
+
+
+def test_readme_commands_parse_engine_arguments_included() -> None:
+    """Every `splitserve` line of README parses with the real CLI; what `up` and `worker` hand to vLLM (and each
+    pool's --prefill-args/--decode-args) parses with vLLM's own parser, as the commands do before starting."""
+    from services.worker.engines.vllm.engine_args import parse_engine_args
+
+    commands = _commands()
+    lines = _readme_splitserve_lines()
+    assert {args[0] for args in lines} >= {"up", "worker", "model"}
+    for args in lines:
+        where = f"README.md: splitserve {' '.join(args)}"
+        command = commands[args[0]]
+        if hasattr(command, "commands") and not _runs_alone(command, args[1:]):
+            command, args = command.commands[args[1]], args[1:]
+        try:
+            ctx = command.make_context(command.name or "splitserve", list(args[1:]))
+        except Exception as exc:  # click's UsageError and friends
+            pytest.fail(f"{where}: {exc.format_message() if hasattr(exc, 'format_message') else exc!r}")
+        engine_argv = [a for a in ctx.args if a != "--"]
+        for pool in ("prefill_args", "decode_args"):
+            engine_argv += shlex.split(ctx.params.get(pool) or "")
+        if "--config" in engine_argv:  # a user's file, not in the tree: check the rest
+            i = engine_argv.index("--config")
+            engine_argv = engine_argv[:i] + engine_argv[i + 2:]
+        parse_engine_args(engine_argv)  # raises EngineArgsError with vLLM's message

@@ -1,6 +1,6 @@
 """A small HTTP/1.1 server on asyncio + httptools, made for an API frontend's hot path.
 
-Kept over uvicorn and granian by measurement (bench/frontend_servers.py, numbers in README.md):
+Kept over uvicorn and granian by measurement (bench/frontend_servers.py, numbers in docs/measuring.md):
 per request it costs one parser callback set and one handler task, no middleware layers.
 
 Every request is answered in the order it came (pipelining), errors the server finds itself (400 malformed,

@@ -23,7 +23,7 @@ from common.protocol import (
 )
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
-# whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, README "Pull or
+# whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, docs/measuring.md "Pull or
 # push": measured better here).
 DEFAULT_KV_TRANSFER: KvTransferMode = "pull"
 KV_TRANSFER_MODES: tuple[KvTransferMode, ...] = ("pull", "push")

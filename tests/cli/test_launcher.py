@@ -108,7 +108,7 @@ def test_every_worker_moves_kv_the_same_way(mode: str) -> None:
 
 
 def test_up_pushes_by_default() -> None:
-    # One host, side channels on 127.0.0.1: push, measured better here (README, "Pull or push").
+    # One host, side channels on 127.0.0.1: push, measured better here (docs/measuring.md, "Pull or push").
     cmd = worker_commands(GraphSpec(), Path("m"), "tcp://x:1")[0]
     assert cmd[cmd.index("--kv-transfer") + 1] == "push"
 
