@@ -85,6 +85,10 @@ def worker(
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
     metrics_host: str = MetricsHost,
     drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM: finish requests for at most this long, then exit"),
+    engine_args_text: str = typer.Option(
+        "", "--engine-args", envvar="SPLITSERVE_ENGINE_ARGS",
+        help="vLLM engine arguments as one string (for deploy files: compose, Kubernetes and systemd set each pool's "
+             "in the environment); the command line's own engine arguments win"),
     curve_dir: Optional[Path] = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -92,22 +96,34 @@ def worker(
     """Run one worker: an engine (mock or vLLM) behind a socket, registered with the router.
 
     Every other option is a vLLM engine argument under vLLM's own name, e.g. `splitserve worker --model M
-    --engine vllm -- --max-model-len 32768 -tp 2 --kv-cache-dtype fp8` (`--` is optional; `--config FILE.yaml` as
-    in `vllm serve`): vLLM's parser checks them, and a bad one is its error. The KV connector, KV events and
+    --engine vllm -- --max-model-len 32768 -tp 2 --kv-cache-dtype fp8` (`--` is optional; `--config FILE.yaml` for
+    these and the worker's own options, as in `vllm serve`; SPLITSERVE_ENGINE_ARGS in deploy files): vLLM's parser checks them, and a bad one is its error. The KV connector, KV events and
     prefix caching are the worker's (refused with the reason)."""
     from common.hashing import hash_seed
     from services.worker.engines.vllm.engine_args import (
         NO_ENGINE_ARGS,
         SHARED_ARGS,
+        EngineArgs,
         EngineArgsError,
         parse_engine_args,
     )
     from services.worker.service import WorkerConfig, WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
+    import shlex
+
     try:
         engine_args = parse_engine_args(ctx.args) if ctx.args else NO_ENGINE_ARGS
-    except EngineArgsError as exc:
+        if engine_args_text:
+            # The environment's (a deploy file's pool arguments) yield to the command line: its engine arguments
+            # and the worker's own options given there.
+            given_here = {name for name in SHARED_ARGS
+                          # By name: typer's context may be its own click's, with its own ParameterSource enum.
+                          if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+            from_env = parse_engine_args(shlex.split(engine_args_text))
+            engine_args = EngineArgs(given={**from_env.without(tuple(given_here)), **engine_args.given},
+                                     argv=(*from_env.argv, *engine_args.argv))
+    except (EngineArgsError, ValueError) as exc:  # ValueError: shlex on an unbalanced quote
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     # vLLM arguments that are also the worker's own options replace them (both engines, the router's block hashes

@@ -97,7 +97,10 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
     if planner_events:
         urls = [f"http://{t.address}/metrics" for t in map(metrics_target, frontends) if t is not None]
         commands.append(planner_command(spec, router, planner_events, urls))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # `up`'s engine arguments reach its workers as arguments; a deploy file's SPLITSERVE_ENGINE_ARGS in this shell
+    # must not add to them behind the user's back.
+    env = {**{k: v for k, v in os.environ.items() if k != "SPLITSERVE_ENGINE_ARGS"}, "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
     control_cores = (control_plane_cores(worker_roles(spec), os.cpu_count() or 1)
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())
     if control_cores:

@@ -18,6 +18,7 @@ from cli.cmd_sizing import plan, profile
 from cli.cmd_tools import keys_make, make_tiny
 from cli.cmd_up import up
 from cli.cmd_workers import workers
+from cli.config_file import ConfigFileCommand, PooledConfigFileCommand
 from cli.cmd_worker import worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Disaggregated LLM serving.")
@@ -36,8 +37,9 @@ app.add_typer(router_app, name="router")
 
 # worker and up take vLLM's engine arguments as they are (cli/cmd_worker.py): unknown options pass through.
 ENGINE_ARGS_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-for command in (worker, up):
-    app.command(context_settings=ENGINE_ARGS_CONTEXT)(command)
+# Both take `--config FILE.yaml` for all of their options and vLLM's (cli/config_file.py).
+app.command(context_settings=ENGINE_ARGS_CONTEXT, cls=ConfigFileCommand)(worker)
+app.command(context_settings=ENGINE_ARGS_CONTEXT, cls=PooledConfigFileCommand)(up)
 for command in (kvtier, frontend, profile, plan):
     app.command()(command)
 app.command("planner")(planner_cmd)
@@ -59,7 +61,7 @@ def router_main() -> None:
 
 def worker_main() -> None:
     one = typer.Typer(add_completion=False)
-    one.command(context_settings=ENGINE_ARGS_CONTEXT)(worker)
+    one.command(context_settings=ENGINE_ARGS_CONTEXT, cls=ConfigFileCommand)(worker)
     one()
 
 

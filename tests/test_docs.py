@@ -146,6 +146,8 @@ def test_readme_commands_parse_engine_arguments_included() -> None:
         command = commands[args[0]]
         if hasattr(command, "commands") and not _runs_alone(command, args[1:]):
             command, args = command.commands[args[1]], args[1:]
+        args = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]  # a
+        # user's file, not in the tree (tests/cli/test_config_file.py tests the expansion)
         try:
             ctx = command.make_context(command.name or "splitserve", list(args[1:]))
         except Exception as exc:  # click's UsageError and friends
@@ -153,7 +155,4 @@ def test_readme_commands_parse_engine_arguments_included() -> None:
         engine_argv = [a for a in ctx.args if a != "--"]
         for pool in ("prefill_args", "decode_args"):
             engine_argv += shlex.split(ctx.params.get(pool) or "")
-        if "--config" in engine_argv:  # a user's file, not in the tree: check the rest
-            i = engine_argv.index("--config")
-            engine_argv = engine_argv[:i] + engine_argv[i + 2:]
         parse_engine_args(engine_argv)  # raises EngineArgsError with vLLM's message

@@ -68,3 +68,25 @@ def test_without_engine_arguments_workers_get_none(launched) -> None:
 ])
 def test_a_services_own_options_go_before_the_engines(cmd, options, expected) -> None:
     assert with_options(cmd, options) == expected
+
+
+def test_one_config_file_for_ups_options_the_engines_and_each_pool(launched, tmp_path) -> None:
+    path = tmp_path / "graph.yaml"
+    path.write_text("prefill: 2\ndecode: 3\nport: 8123\nmax-model-len: 4096\n"
+                    "prefill-args:\n  max-num-batched-tokens: 8192\n"
+                    "decode-args:\n  max-num-seqs: 128\n  enforce-eager: true\n")
+    result = _up("--config", str(path), "--decode", "1")  # the command line wins
+    assert result.exit_code == 0, result.output
+    spec = launched[0]
+    assert (spec.num_prefill, spec.num_decode, spec.port) == (2, 1, 8123)
+    prefill, _, decode = worker_commands(spec, Path("m"), "tcp://127.0.0.1:1")  # 2 prefill, 1 decode
+    assert prefill[prefill.index("--"):] == ["--", "--max-model-len", "4096", "--max-num-batched-tokens", "8192"]
+    assert decode[decode.index("--"):] == ["--", "--max-model-len", "4096", "--max-num-seqs", "128",
+                                          "--enforce-eager"]
+
+
+def test_a_bad_engine_argument_in_the_config_file_is_vllms_error_before_anything_starts(launched, tmp_path) -> None:
+    path = tmp_path / "graph.yaml"
+    path.write_text("decode-args:\n  max-num-seqs: many\n")
+    result = _up("--config", str(path))
+    assert result.exit_code == 2 and "many" in result.output and launched == []
