@@ -235,9 +235,10 @@ def worker(
         raise typer.Exit(ENGINE_DEAD_EXIT_CODE) from None
 
 
-def _tier_client(endpoint: str, worker_id: str, curve=None):
+def _tier_client(endpoint: str, worker_id: str, curve=None, model_id: int = 0):
     if not endpoint:
         return None
     from common.kvtier.client import TierClient, TierClientConfig
 
-    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve))
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve,
+                                       model_id=model_id))
