@@ -17,12 +17,14 @@ the key is checked on every message, not only at registration.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
 from common.errors import ProtocolError
 from common.protocol import (
+    ErrorReply,
     Heartbeat,
     KvEvents,
     KvSnapshot,
@@ -176,3 +178,33 @@ class RefusalLog:
                     num_suppressed=seen.num_suppressed if seen is not None else 0)
         self._seen[(who, kind)] = _Seen(now_s)
         return True
+
+
+@dataclass
+class Gate:
+    """The router's use of ``authorize``: names the sender's key kind, and counts, logs (rate-limited) and drops
+    what it refuses."""
+
+    bindings: Bindings
+    refused_counter: Any  # prometheus Counter labelled by message kind
+    # Kind of each client key accepted (z85 -> frontend, worker, kvtier, planner); empty without CURVE.
+    kinds: dict[str, str] = field(default_factory=dict)
+    log: RefusalLog = field(default_factory=RefusalLog)
+
+    def sender(self, identity: bytes, key: str) -> Sender:
+        return Sender(identity, key, self.kinds.get(key, "?") if key else "")
+
+    def check(self, identity: bytes, key: str, msg: Message, now_s: float) -> Message | bool:
+        """True: handle it. False: dropped. A message: dropped, send this instead (the not_registered answer that
+        makes a reconnected source register again)."""
+        sender = self.sender(identity, key)
+        decision = authorize(msg, sender, self.bindings)
+        if decision.allowed:
+            return True
+        if decision.quiet:
+            return False
+        self.refused_counter.labels(type(msg).__name__).inc()
+        self.log.refused(sender, msg, decision, now_s)
+        if decision.reregister and isinstance(msg, Heartbeat):
+            return ErrorReply(request_id=f"hb-{msg.worker_id}", code="not_registered", message=msg.worker_id)
+        return False

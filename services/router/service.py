@@ -38,7 +38,7 @@ from common.protocol import (
 )
 from common.security import client_kinds, secure_server
 from common.transport import Server, TransportConfig, new_id, open_context, oversized, peer_key, serve_requests
-from services.router.authz import Bindings, RefusalLog, Sender, authorize
+from services.router.authz import Bindings, Gate
 from services.router.approx_index import ApproxIndex
 from services.router.defaults import ROUTER_ENDPOINT
 from services.router.event_watch import EventWatch
@@ -97,10 +97,6 @@ class RouterService:
         # The CURVE key (z85) each worker and tier registered with ("" without CURVE): what it says later must
         # come from that key and that identity (services/router/authz.py).
         self._keys: dict[str, str] = {}
-        self._bindings = Bindings(self._identities, self._keys)
-        # Kind of each client key we accept (z85 -> frontend, worker, kvtier, planner); empty without CURVE.
-        self._kinds: dict[str, str] = {}
-        self.refusals = RefusalLog()
         # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
         self._tiers: dict[str, float] = {}
         # Each registered tier's registration as sent (its endpoint, node and zone).
@@ -113,6 +109,7 @@ class RouterService:
         # Tier speeds learned from the workers' tier loads; the configured ones until then.
         self.tier_speeds = TierSpeeds(config.policy.tiers)
         self.metrics = RouterMetrics()
+        self.gate = Gate(Bindings(self._identities, self._keys), self.metrics.messages_refused)
         show_tiers(self.tier_speeds, self.metrics)
         self._server: Server | None = None
         self.endpoint = ""
@@ -122,7 +119,7 @@ class RouterService:
         secure = open_context(self.config.transport)
         ctx = secure.ctx
         if self.config.transport.curve is not None:
-            self._kinds = client_kinds(self.config.transport.curve)
+            self.gate.kinds = client_kinds(self.config.transport.curve)
         self._server = Server(ctx, self.config.endpoint, self.config.transport, read_keys=True)
         self.endpoint = self._server.endpoint
         sub = ctx.socket(zmq.SUB)
@@ -155,27 +152,10 @@ class RouterService:
             self._server.close()
             secure.close()
 
-    def sender(self, identity: bytes, key: str) -> Sender:
-        return Sender(identity, key, self._kinds.get(key, "?") if key else "")
-
-    def allowed(self, sender: Sender, msg: Message, now_s: float) -> Message | bool:
-        """Ask ``authorize``; a refusal is counted, logged (rate-limited) and dropped: False, or the
-        not_registered answer that makes a reconnected source register again."""
-        decision = authorize(msg, sender, self._bindings)
-        if decision.allowed:
-            return True
-        if decision.quiet:
-            return False
-        self.metrics.messages_refused.labels(type(msg).__name__).inc()
-        self.refusals.refused(sender, msg, decision, now_s)
-        if decision.reregister and isinstance(msg, Heartbeat):
-            return ErrorReply(request_id=f"hb-{msg.worker_id}", code="not_registered", message=msg.worker_id)
-        return False
-
     def handle(self, identity: bytes, msg: Message, key: str = "") -> Message | None:
         """One message from the peer ``identity`` whose CURVE key is ``key`` ("" without CURVE)."""
         now_s = time.monotonic()
-        verdict = self.allowed(self.sender(identity, key), msg, now_s)
+        verdict = self.gate.check(identity, key, msg, now_s)
         if verdict is not True:
             return verdict or None
         match msg:
@@ -357,7 +337,7 @@ class RouterService:
                 continue
             match msg:
                 case KvEvents():
-                    if self.allowed(self.sender(b"", key), msg, time.monotonic()) is True:
+                    if self.gate.check(b"", key, msg, time.monotonic()) is True:
                         self._apply_events(msg)
                 case _:
                     log.warning("dropped_event", reason=f"unexpected {type(msg).__name__} on the events socket")

@@ -41,7 +41,7 @@ def _refused(svc: RouterService, kind: str) -> float:
 def _registered_router() -> RouterService:
     svc = RouterService(RouterConfig())
     svc.events_endpoint = "tcp://127.0.0.1:9"
-    svc._kinds = {"K-worker": "worker", "K-frontend": "frontend", "K-planner": "planner"}
+    svc.gate.kinds = {"K-worker": "worker", "K-frontend": "frontend", "K-planner": "planner"}
     ack = svc.handle(b"c-w0", RegisterWorker(request_id="r", info=INFO, protocol_version=PROTOCOL_VERSION), "K-worker")
     assert isinstance(ack, RegisterAck)
     return svc
