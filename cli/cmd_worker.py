@@ -100,6 +100,7 @@ def worker(
     these and the worker's own options, as in `vllm serve`; SPLITSERVE_ENGINE_ARGS in deploy files): vLLM's parser checks them, and a bad one is its error. The KV connector, KV events and
     prefix caching are the worker's (refused with the reason)."""
     from common.hashing import hash_seed
+    from common.model_identity import model_identity
     from services.worker.engines.vllm.engine_args import (
         NO_ENGINE_ARGS,
         SHARED_ARGS,
@@ -160,6 +161,9 @@ def worker(
     model_dir = ref.path
     info = validated(model_dir, need_weights=engine != "mock")  # the mock engine reads config.json only
     name = (names or served_names(served_model_name, ref.name))[0]  # the frontend owns aliases
+    # Block hashes are seeded by what the model is (config, tokenizer, weight files' names and sizes), not by a
+    # directory's or a served name: two models both in ".../model" differ, one model at two paths agrees.
+    seed = hash_seed(model_identity(model_dir))
     node = node or default_node()
     # PIDs repeat across machines (every container's first process is 1): the node keeps default ids apart.
     wid = worker_id or f"{role}-{node}-{os.getpid()}"
@@ -192,8 +196,8 @@ def worker(
             max_model_len=min(max_model_len or info.max_position_embeddings, (num_blocks or 2048) * block_size),
             vocab_size=info.vocab_size, eos_token_id=info.eos_token_ids[0] if info.eos_token_ids else 0,
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
-            hash_seed=hash_seed(name), timing=timing, engine_id=wid,
-            tier=_tier_client(kvtier, wid, own_transport.curve),
+            hash_seed=seed, timing=timing, engine_id=wid,
+            tier=_tier_client(kvtier, wid, own_transport.curve, model_id=seed),
             tier_write_through=bool(kvtier_write_through), start_s=mock_start_s, kv_transfer=kv_transfer))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
@@ -214,7 +218,7 @@ def worker(
             kv_role="both" if switchable else role, switchable=switchable, kv_transfer=kv_transfer,
             nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
-            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=hash_seed(name),
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=seed,
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False,
             # Loaded (checked) above; vLLM's processes load them again from this path (no key material in argv).
             kvtier_curve_dir=str(curve_key_dir(curve_dir, "worker") or ""))
@@ -236,7 +240,7 @@ def worker(
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")
     service = WorkerService(WorkerConfig(worker_id=wid, role=role, model=name, router_endpoint=router_endpoint,
                                          endpoint=endpoint, advertise_endpoint=advertise_endpoint or "",
-                                         engine_kind=engine, hash_seed=hash_seed(name),
+                                         engine_kind=engine, hash_seed=seed,
                                          node=node, zone=zone, switchable=switchable,
                                          transport=own_transport, metrics_port=metrics_port,
                                          metrics_host=metrics_host,
@@ -251,9 +255,10 @@ def worker(
         raise typer.Exit(ENGINE_DEAD_EXIT_CODE) from None
 
 
-def _tier_client(endpoint: str, worker_id: str, curve=None):
+def _tier_client(endpoint: str, worker_id: str, curve=None, model_id: int = 0):
     if not endpoint:
         return None
     from common.kvtier.client import TierClient, TierClientConfig
 
-    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve))
+    return TierClient(TierClientConfig(endpoint=endpoint, worker_id=worker_id, curve=curve,
+                                       model_id=model_id))

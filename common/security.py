@@ -145,3 +145,18 @@ class SecureContext:
         if self._auth is not None:
             self._auth.stop()
         self.ctx.destroy(linger=0)
+
+
+def client_kinds(keys: CurveKeys) -> dict[str, str]:
+    """The kind of each client key this service accepts: z85 public key -> ``<kind>`` of ``clients/<kind>.key``.
+
+    ZAP tells a server which key a peer proved (its ``User-Id``); this names the service that key belongs to, so
+    the server can grant per kind (a frontend's key may route, not speak for a worker)."""
+    kinds: dict[str, str] = {}
+    for path in sorted(keys.allowed_clients_dir.glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise SplitserveError(f"client key {path} is broken: {exc}") from exc
+        kinds[public.decode("ascii")] = path.stem
+    return kinds

@@ -95,7 +95,7 @@ def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.RCVHWM, config.hwm)
 
 
-def _drain(recv: Callable[..., Any], sink: Callable[[Any], None]) -> None:
+def _drain(recv: Callable[..., Any], sink: Callable[[Any], None], copy: bool = True) -> None:
     """Hand up to _DRAIN_MAX already-queued messages to ``sink``; never blocks.
 
     ``recv`` belongs to a shadow of an asyncio socket whose own recv has just completed (so no recv future
@@ -103,10 +103,18 @@ def _drain(recv: Callable[..., Any], sink: Callable[[Any], None]) -> None:
     """
     for _ in range(_DRAIN_MAX):
         try:
-            data = recv(zmq.NOBLOCK, copy=True)
+            data = recv(zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             return
         sink(data)
+
+
+def peer_key(frame: zmq.Frame) -> str:
+    """The CURVE public key (z85) the ZAP handler proved for the connection ``frame`` came on; "" without one."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:  # no ZAP handler on this socket: the property is absent
+        return ""
 
 
 def _log_send_failure(fut: asyncio.Future) -> None:
@@ -118,8 +126,11 @@ class Server:
     """A ROUTER socket bound to ``endpoint``."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, config: TransportConfig = TransportConfig(),
-                 mandatory: bool = False):
+                 mandatory: bool = False, read_keys: bool = False):
         self._sock = ctx.socket(zmq.ROUTER)
+        # Keep each message's CURVE key (``recv_peer``): frames are then read zero-copy, to ask libzmq for the
+        # connection's User-Id. Only with CURVE on: without it there is no key to read.
+        self._read_keys = read_keys and config.curve is not None
         self._max_bytes = config.max_message_bytes
         _configure(self._sock, config)
         secure_server(self._sock, config.curve)
@@ -139,19 +150,29 @@ class Server:
 
     async def recv(self) -> tuple[bytes, Message]:
         """The next well-formed message; malformed ones are logged and skipped."""
+        identity, _key, msg = await self.recv_peer()
+        return identity, msg
+
+    async def recv_peer(self) -> tuple[bytes, str, Message]:
+        """``recv`` with the sender's CURVE key (z85; "" unless made with ``read_keys`` and CURVE on)."""
+        copy = not self._read_keys
         while True:
             if self._pending:
                 frames = self._pending.popleft()
             else:
-                frames = await self._sock.recv_multipart(copy=True)
-                _drain(self._sync.recv_multipart, self._pending.append)
+                frames = await self._sock.recv_multipart(copy=copy)
+                _drain(self._sync.recv_multipart, self._pending.append, copy=copy)
             if len(frames) != 2:
                 log.warning("dropped_frame", reason="expected identity + payload", num_frames=len(frames))
                 continue
+            key = ""
+            if not copy:
+                key = peer_key(frames[1])
+                frames = [frames[0].bytes, frames[1].bytes]
             if oversized(frames[1], self._max_bytes, endpoint=self.endpoint):
                 continue
             try:
-                return frames[0], protocol.decode(frames[1])
+                return frames[0], key, protocol.decode(frames[1])
             except ProtocolError as exc:
                 log.warning("dropped_frame", reason=str(exc))
 
@@ -189,14 +210,16 @@ class Server:
         self._sock.close(linger=0)
 
 
-async def serve_requests(server: Server, handle: Callable[[bytes, Message], Message | None], name: str) -> None:
-    """Answer requests on ``server`` forever: ``handle`` returns the reply (or None). A message the handler
-    refuses (ProtocolError) is logged and dropped; one that crashes it gets an internal_error reply. Neither
-    takes the service down."""
+async def serve_requests(server: Server, handle: Callable[..., Message | None], name: str,
+                         with_keys: bool = False) -> None:
+    """Answer requests on ``server`` forever: ``handle(identity, msg)`` returns the reply (or None); with
+    ``with_keys``, ``handle(identity, msg, key)`` (the sender's CURVE key, see ``Server.recv_peer``). A message the
+    handler refuses (ProtocolError) is logged and dropped; one that crashes it gets an internal_error reply.
+    Neither takes the service down."""
     while True:
-        identity, msg = await server.recv()
+        identity, key, msg = await server.recv_peer()
         try:
-            reply = handle(identity, msg)
+            reply = handle(identity, msg, key) if with_keys else handle(identity, msg)
         except ProtocolError as exc:
             log.warning("dropped_message", service=name, reason=str(exc))
             continue

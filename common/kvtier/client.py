@@ -56,6 +56,9 @@ class TierBackend(Protocol):
 class TierClientConfig:
     endpoint: str
     worker_id: str = "worker"
+    # The model this worker's blocks are KV of (its hash seed): sent with every store and lookup, kvtier keeps
+    # blocks per model.
+    model_id: int = 0
     lookup_timeout_s: float = 0.5
     store_timeout_s: float = 2.0
     # After a failure: no traffic for this long, then a fresh socket.
@@ -127,7 +130,7 @@ class TierClient:
             while len(out) < len(block_hashes):
                 rest, remaining_s = next_page(block_hashes, len(out), deadline, "lookup")
                 reply = await self._request(TierLookup(request_id=new_id("tl"), block_hashes=rest,
-                                                       max_blocks=max_blocks), remaining_s)
+                                                       max_blocks=max_blocks, model_id=self.config.model_id), remaining_s)
                 assert isinstance(reply, TierBlocks)
                 good = self._verified(rest, reply)
                 out += good
@@ -227,7 +230,7 @@ class TierClient:
                 if num_bytes + len(data) > self.config.max_message_bytes:
                     break
             msg = TierStore(request_id=new_id("ts"), worker_id=self.config.worker_id,
-                            blocks=InlineTransfer.pack(batch))
+                            blocks=InlineTransfer.pack(batch), model_id=self.config.model_id)
             try:
                 reply = await self._request(msg, self.config.store_timeout_s)
                 if isinstance(reply, TierStored):

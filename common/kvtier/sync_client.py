@@ -72,7 +72,8 @@ class SyncTierClient:
         if not block_hashes or self._is_down():
             return 0
         self.num_probes += 1
-        msg = TierLookup(request_id=new_id("tp"), block_hashes=tuple(block_hashes), with_data=False)
+        msg = TierLookup(request_id=new_id("tp"), block_hashes=tuple(block_hashes), with_data=False,
+                         model_id=self.config.model_id)
         try:
             reply = self._request_main(msg, self.config.lookup_timeout_s)
         except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
@@ -99,7 +100,7 @@ class SyncTierClient:
             while len(out) < len(block_hashes):
                 rest, remaining_s = next_page(block_hashes, len(out), deadline, "fetch")
                 reply = self._request_main(TierLookup(request_id=new_id("tf"), block_hashes=rest,
-                                                      max_blocks=max_blocks), remaining_s)
+                                                      max_blocks=max_blocks, model_id=self.config.model_id), remaining_s)
                 if not isinstance(reply, TierBlocks):
                     break
                 good = 0
@@ -130,7 +131,7 @@ class SyncTierClient:
             return [], "", False
         try:
             reply = self._request_main(TierLookup(request_id=new_id("tn"), block_hashes=tuple(block_hashes),
-                                                  host_slots=True), timeout_s)
+                                                  host_slots=True, model_id=self.config.model_id), timeout_s)
         except (TransportTimeout, RemoteError, zmq.ZMQError) as exc:
             self._failed("lookup", exc)
             return [], "", False
@@ -209,7 +210,7 @@ class SyncTierClient:
                 if not batch:
                     continue
                 msg = TierStore(request_id=new_id("ts"), worker_id=self.config.worker_id,
-                                blocks=InlineTransfer.pack(batch))
+                                blocks=InlineTransfer.pack(batch), model_id=self.config.model_id)
                 try:
                     sock = sock or self._socket()
                     reply = _request(sock, msg, self.config.store_timeout_s)

@@ -51,6 +51,9 @@ class TierStore(Msg, frozen=True):
     worker_id: str
     blocks: tuple[TierBlock, ...]
     parent_hash: int | None = None
+    # The model these blocks are KV of (the worker's hash seed, a digest of the model's identity: common/
+    # model_identity.py). kvtier keeps blocks per model: a lookup of another model never gets them.
+    model_id: int = 0
 
 
 class TierStored(Msg, frozen=True):
@@ -75,6 +78,8 @@ class TierLookup(Msg, frozen=True):
     # True: host-tier blocks come back as pool slots (``TierBlock.slot``) for the worker to READ with NIXL, not
     # as bytes; disk-tier blocks still come inline. Checksums come either way: the worker verifies after READ.
     host_slots: bool = False
+    # The asker's model (TierStore.model_id): blocks stored for another model are a miss.
+    model_id: int = 0
 
 
 class TierBlocks(Msg, frozen=True):

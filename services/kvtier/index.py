@@ -29,6 +29,8 @@ class Entry:
     checksum: int
     size: int
     hits: int = 0
+    # The model it is KV of (TierStore.model_id): another model's lookup of the same hash is a miss.
+    model_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +115,12 @@ class TierIndex:
 
     # ------------------------------------------------------------------------------------------ changes
 
-    def store(self, block_hash: int, checksum: int, size: int) -> StorePlan:
-        """Place a new block in host (evicting as needed). A held block is refreshed, not rewritten."""
+    def store(self, block_hash: int, checksum: int, size: int, model_id: int = 0) -> StorePlan:
+        """Place a new block in host (evicting as needed). A held block is refreshed, not rewritten (the first
+        writer's bytes and our checksum of them stay); one held for another model is refused (no slot)."""
         entry = self._entries.get(block_hash)
+        if entry is not None and entry.model_id != model_id:
+            return StorePlan(slot=None)
         if entry is not None:
             self._tier(entry.tier).lru.move_to_end(block_hash)
             self.counters.present += 1
@@ -127,21 +132,22 @@ class TierIndex:
         slot = host.take_slot()
         if slot is None:
             slot = self._evict_host(demotes)
-        entry = Entry(block_hash, "host", slot, checksum, size)
+        entry = Entry(block_hash, "host", slot, checksum, size, model_id=model_id)
         self._entries[block_hash] = entry
         host.lru[block_hash] = entry
         self._events.append(BlockStored(block_hashes=(block_hash,), parent_hash=None, tier="host"))
         self.counters.stored += 1
         return StorePlan(slot=slot, demotes=tuple(demotes))
 
-    def lookup(self, hashes: Sequence[int], max_blocks: int = 0) -> list[Entry]:
-        """The leading run of ``hashes`` held in any tier (at most ``max_blocks``, 0 = all); counts hits."""
+    def lookup(self, hashes: Sequence[int], max_blocks: int = 0, model_id: int = 0) -> list[Entry]:
+        """The leading run of ``hashes`` held in any tier for ``model_id`` (at most ``max_blocks``, 0 = all);
+        counts hits."""
         run: list[Entry] = []
         for block_hash in hashes:
             if max_blocks and len(run) >= max_blocks:
                 break
             entry = self._entries.get(block_hash)
-            if entry is None:
+            if entry is None or entry.model_id != model_id:
                 break
             entry.hits += 1
             self._tier(entry.tier).lru.move_to_end(block_hash)
@@ -154,12 +160,12 @@ class TierIndex:
             self.counters.misses += 1
         return run
 
-    def peek(self, hashes: Sequence[int], max_blocks: int = 0) -> list[Entry]:
+    def peek(self, hashes: Sequence[int], max_blocks: int = 0, model_id: int = 0) -> list[Entry]:
         """The leading run ``lookup`` would return, without counting hits or touching the LRU order."""
         run: list[Entry] = []
         for block_hash in hashes:
             entry = self._entries.get(block_hash)
-            if entry is None or (max_blocks and len(run) >= max_blocks):
+            if entry is None or entry.model_id != model_id or (max_blocks and len(run) >= max_blocks):
                 break
             run.append(entry)
         return run

@@ -170,22 +170,23 @@ class KvTierService:
         assert store is not None
         match msg:
             case TierStore(request_id=rid, blocks=blocks):
-                stored, present, rejected = store.store(blocks)
+                stored, present, rejected = store.store(blocks, msg.model_id)
                 if rejected:
                     log.warning("blocks_rejected", worker_id=msg.worker_id, num_rejected=rejected)
                 return TierStored(request_id=rid, num_stored=stored, num_present=present, num_rejected=rejected)
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks, with_data=False):
-                held = store.index.peek(hashes, max_blocks)
+                held = store.index.peek(hashes, max_blocks, msg.model_id)
                 return TierBlocks(request_id=rid, blocks=tuple(
                     TierBlock(block_hash=e.block_hash, checksum=e.checksum, size=e.size, tier=e.tier) for e in held))
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks, host_slots=True):
-                blocks, truncated = store.lookup_slots(hashes, max_blocks, self.config.max_reply_bytes)
+                blocks, truncated = store.lookup_slots(hashes, max_blocks, self.config.max_reply_bytes,
+                                                       msg.model_id)
                 agent = store.pool.nixl.name if store.pool.registered and store.pool.nixl is not None else ""
                 return TierBlocks(request_id=rid, blocks=tuple(blocks), truncated=truncated, nixl_agent=agent)
             case TierLookup(request_id=rid, block_hashes=hashes, max_blocks=max_blocks):
                 cap = max(1, self.config.max_reply_bytes // store.block_bytes)
                 cap = min(cap, max_blocks) if max_blocks else cap
-                blocks = store.lookup(hashes, cap)
+                blocks = store.lookup(hashes, cap, model_id=msg.model_id)
                 return TierBlocks(request_id=rid, blocks=tuple(blocks),
                                   truncated=len(blocks) == cap and len(hashes) > cap)
             case GetStats(request_id=rid):

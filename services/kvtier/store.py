@@ -1,6 +1,8 @@
 """kvtier's synchronous core: index + host pool + disk tier + transfer seam. No sockets (tested directly).
 
-``store`` takes ``TierBlock``s (checked on the way in), ``lookup`` returns the leading run of asked hashes
+``store`` takes ``TierBlock``s and records the checksum it computes of their bytes itself (the writer's is only
+a check of the bytes in transit: a mismatch refuses the block), per model (``model_id``): a lookup never gets another
+model's blocks, and a held block is never rewritten (the first writer's bytes stay). ``lookup`` returns the leading run of asked hashes
 with their bytes, each re-checked against the checksum recorded at store time: a block whose bytes no
 longer match (a corrupt disk slot) is removed and ends the run, so a wrong block is never served.
 """
@@ -48,19 +50,21 @@ class BlockStore:
         if self.pool.attach_nixl(nixl) and self.disk is not None:
             self.disk.attach_nixl(nixl)
 
-    def store(self, blocks: Sequence[TierBlock]) -> tuple[int, int, int]:
+    def store(self, blocks: Sequence[TierBlock], model_id: int = 0) -> tuple[int, int, int]:
         """(stored, present, rejected)."""
         stored = present = rejected = stored_bytes = 0
         for block in blocks:
-            if block.block_hash in self.index:
-                self.index.store(block.block_hash, block.checksum, block.size)  # refresh only
+            held = self.index.get(block.block_hash)
+            if held is not None and held.model_id == model_id:
+                self.index.store(block.block_hash, held.checksum, held.size, model_id)  # refresh only
                 present += 1
                 continue
             data = self.transfer.incoming(block)
-            if data is None or block.size > self.block_bytes:
-                rejected += 1
+            if data is None or held is not None or len(data) > self.block_bytes:
+                rejected += 1  # corrupt in transit, over a slot, or the hash is held for another model
                 continue
-            plan = self.index.store(block.block_hash, block.checksum, block.size)
+            # Our own checksum of what we keep: loads are verified against it, whatever the writer claimed.
+            plan = self.index.store(block.block_hash, checksum(data), len(data), model_id)
             if plan.slot is None:
                 rejected += 1
                 continue
@@ -79,14 +83,15 @@ class BlockStore:
         self.metrics.stores.labels(result="rejected").inc(rejected)
         return stored, present, rejected
 
-    def lookup(self, hashes: Sequence[int], max_blocks: int = 0, max_bytes: int = 0) -> list[TierBlock]:
+    def lookup(self, hashes: Sequence[int], max_blocks: int = 0, max_bytes: int = 0,
+               model_id: int = 0) -> list[TierBlock]:
         """The leading run of ``hashes`` held here, at most ``max_blocks`` (0: all) and ``max_bytes`` of slots."""
         if max_bytes:
             cap = max(1, max_bytes // self.block_bytes)
             max_blocks = min(max_blocks, cap) if max_blocks else cap
         before = (self.index.counters.hits_host, self.index.counters.hits_disk, self.index.counters.misses)
         out: list[TierBlock] = []
-        for entry in self.index.lookup(hashes, max_blocks):
+        for entry in self.index.lookup(hashes, max_blocks, model_id):
             if entry.tier == "host":
                 data = self.pool.read(entry.slot, entry.size)
             else:
@@ -99,8 +104,8 @@ class BlockStore:
         self._count(before, sum(b.size for b in out))
         return out
 
-    def lookup_slots(self, hashes: Sequence[int], max_blocks: int = 0,
-                     max_inline_bytes: int = 0) -> tuple[list[TierBlock], bool]:
+    def lookup_slots(self, hashes: Sequence[int], max_blocks: int = 0, max_inline_bytes: int = 0,
+                     model_id: int = 0) -> tuple[list[TierBlock], bool]:
         """Like ``lookup``, but host blocks come back as their pool slots (the worker READs them with NIXL and
         checks their checksums itself). Disk blocks are read into bounce slots of the pool and come back as
         those (at most ``pool.num_bounce`` per call: the worker READs them before asking again; a later call may
@@ -108,7 +113,7 @@ class BlockStore:
         registered, at most ``max_inline_bytes`` of them (0: no cap). Returns (blocks, truncated: stopped at a
         cap, not at the end of the run)."""
         bounce = self.pool.num_bounce if self.pool.registered else 0
-        run = self.index.peek(hashes, max_blocks)
+        run = self.index.peek(hashes, max_blocks, model_id)
         num, inline, num_disk = 0, 0, 0
         for entry in run:
             if entry.tier == "disk":
@@ -122,7 +127,7 @@ class BlockStore:
         truncated = num < len(run) or (bool(max_blocks) and num == max_blocks and len(hashes) > num)
         before = (self.index.counters.hits_host, self.index.counters.hits_disk, self.index.counters.misses)
         out: list[TierBlock] = []
-        for entry in self.index.lookup(hashes, num):  # num is 0 only when nothing is held: counts the miss
+        for entry in self.index.lookup(hashes, num, model_id):  # num is 0 only when nothing is held: counts the miss
             if entry.tier == "host":
                 out.append(TierBlock(block_hash=entry.block_hash, checksum=entry.checksum, size=entry.size,
                                      tier="host", slot=entry.slot))

@@ -34,6 +34,9 @@ class RouterMetrics:
                                   registry=r)
         self.registrations_refused = Counter("splitserve_router_registrations_refused",
                                              "Registrations refused for a broken contract", registry=r)
+        self.messages_refused = Counter("splitserve_router_messages_refused",
+                                        "Messages dropped: not from the peer (identity, CURVE key kind) allowed "
+                                        "to send them", ["message"], registry=r)
         self.worker_free_blocks = Gauge("splitserve_router_worker_free_blocks", "Free KV blocks per worker",
                                         ["worker_id"], registry=r)
         self.worker_running = Gauge("splitserve_router_worker_running", "Running requests per worker",

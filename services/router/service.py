@@ -36,8 +36,9 @@ from common.protocol import (
     WorkerList,
     WorkerRef,
 )
-from common.security import secure_server
-from common.transport import Server, TransportConfig, new_id, open_context, oversized, serve_requests
+from common.security import client_kinds, secure_server
+from common.transport import Server, TransportConfig, new_id, open_context, oversized, peer_key, serve_requests
+from services.router.authz import Bindings, Gate
 from services.router.approx_index import ApproxIndex
 from services.router.defaults import ROUTER_ENDPOINT
 from services.router.event_watch import EventWatch
@@ -93,6 +94,9 @@ class RouterService:
         self.pending = ApproxIndex(ttl_s=config.pending_ttl_s) if config.pending_ttl_s > 0 else None
         # Each worker's DEALER identity on our ROUTER socket, to ask it for a KV snapshot.
         self._identities: dict[str, bytes] = {}
+        # The CURVE key (z85) each worker and tier registered with ("" without CURVE): what it says later must
+        # come from that key and that identity (services/router/authz.py).
+        self._keys: dict[str, str] = {}
         # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
         self._tiers: dict[str, float] = {}
         # Each registered tier's registration as sent (its endpoint, node and zone).
@@ -105,6 +109,7 @@ class RouterService:
         # Tier speeds learned from the workers' tier loads; the configured ones until then.
         self.tier_speeds = TierSpeeds(config.policy.tiers)
         self.metrics = RouterMetrics()
+        self.gate = Gate(Bindings(self._identities, self._keys), self.metrics.messages_refused)
         show_tiers(self.tier_speeds, self.metrics)
         self._server: Server | None = None
         self.endpoint = ""
@@ -113,7 +118,9 @@ class RouterService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport)
+        if self.config.transport.curve is not None:
+            self.gate.kinds = client_kinds(self.config.transport.curve)
+        self._server = Server(ctx, self.config.endpoint, self.config.transport, read_keys=True)
         self.endpoint = self._server.endpoint
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -135,7 +142,7 @@ class RouterService:
         if ready is not None:
             ready.set()
         try:
-            await serve_requests(self._server, self.handle, "router")
+            await serve_requests(self._server, self.handle, "router", with_keys=True)
         finally:
             reaper.cancel()
             events.cancel()
@@ -145,8 +152,12 @@ class RouterService:
             self._server.close()
             secure.close()
 
-    def handle(self, identity: bytes, msg: Message) -> Message | None:
+    def handle(self, identity: bytes, msg: Message, key: str = "") -> Message | None:
+        """One message from the peer ``identity`` whose CURVE key is ``key`` ("" without CURVE)."""
         now_s = time.monotonic()
+        verdict = self.gate.check(identity, key, msg, now_s)
+        if verdict is not True:
+            return verdict or None
         match msg:
             case RouteRequest():
                 return self._route(msg)
@@ -167,6 +178,7 @@ class RouterService:
                 self.index.expect_snapshot(tier_id)  # no credit for its blocks until its snapshot is loaded
                 self._tiers[tier_id] = now_s
                 self._identities[tier_id] = identity
+                self._keys[tier_id] = key
                 self._tier_info[tier_id] = msg
                 log.info("tier_registered", tier_id=tier_id, endpoint=msg.endpoint, block_bytes=msg.block_bytes,
                          nixl_agent=msg.nixl_agent, node=msg.node, zone=msg.zone)
@@ -204,6 +216,7 @@ class RouterService:
                     self.pending.remove_worker(info.worker_id)
                 self.topology.forget_worker(info.worker_id)  # a new engine: its pulls wire up anew
                 self._identities[info.worker_id] = identity
+                self._keys[info.worker_id] = key
                 if info.kv_events:
                     self.event_watch.registered(info.worker_id, now_s)
                 self.metrics.observe_worker(info)
@@ -307,8 +320,14 @@ class RouterService:
             self.pending.record(worker_id, hashes)
 
     async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
+        read_keys = self.config.transport.curve is not None
         while True:
-            data = await sub.recv()
+            key = ""
+            if read_keys:  # zero-copy, to read the CURVE key the publisher's connection proved
+                frame = await sub.recv(copy=False)
+                key, data = peer_key(frame), frame.bytes
+            else:
+                data = await sub.recv()
             if oversized(data, self.config.transport.max_message_bytes, socket="kv_events"):
                 continue  # the batch's number is then missing: the gap asks that source for a snapshot
             try:
@@ -318,7 +337,8 @@ class RouterService:
                 continue
             match msg:
                 case KvEvents():
-                    self._apply_events(msg)
+                    if self.gate.check(b"", key, msg, time.monotonic()) is True:
+                        self._apply_events(msg)
                 case _:
                     log.warning("dropped_event", reason=f"unexpected {type(msg).__name__} on the events socket")
 
@@ -349,6 +369,7 @@ class RouterService:
         if self.pending is not None:
             self.pending.remove_worker(worker_id)
         self._identities.pop(worker_id, None)
+        self._keys.pop(worker_id, None)
         self.metrics.forget_worker(worker_id)
 
     def _expire_tiers(self, now_s: float) -> list[str]:
@@ -359,6 +380,7 @@ class RouterService:
             self._tier_info.pop(tier_id, None)
             self.index.remove_worker(tier_id)
             self._identities.pop(tier_id, None)
+            self._keys.pop(tier_id, None)
             log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")
         return dead
 

@@ -51,7 +51,7 @@ def test_tier_blocks_count_for_every_worker() -> None:
     # Before registration, a tier's events are dropped.
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(11, 12, 13), parent_hash=None, tier="host")))
     assert svc._overlaps(hashes) == {"w0": TierOverlap(1, 1, 1)}
-    ack = svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+    ack = svc.handle(b"kvtier-0", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
     assert ack == RegisterAck(request_id="r", worker_id="kvtier-0", events_endpoint="tcp://127.0.0.1:9")
     _snapshot(svc, "kvtier-0")
@@ -62,11 +62,11 @@ def test_tier_blocks_count_for_every_worker() -> None:
 
 def test_tier_heartbeat_and_expiry() -> None:
     svc = _router()
-    svc.handle(b"tier", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+    svc.handle(b"kvtier-0", RegisterTier(request_id="r", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
     _snapshot(svc, "kvtier-0")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21, 22), parent_hash=None, tier="host")))
-    assert svc.handle(b"tier", Heartbeat(worker_id="kvtier-0", load=WorkerLoad())) is None
+    assert svc.handle(b"kvtier-0", Heartbeat(worker_id="kvtier-0", load=WorkerLoad())) is None
     assert isinstance(svc.handle(b"x", Heartbeat(worker_id="nobody", load=WorkerLoad())), ErrorReply)
     assert svc._expire_tiers(time.monotonic()) == []
     assert svc._expire_tiers(time.monotonic() + 10) == ["kvtier-0"]
@@ -74,7 +74,7 @@ def test_tier_heartbeat_and_expiry() -> None:
     # A dead tier's late events are dropped; after it re-registers (numbering from 0) they count again.
     svc._apply_events(_tier_events(1, BlockStored(block_hashes=(21,), parent_hash=None, tier="host")))
     assert svc._overlaps([21, 22]) == {}
-    svc.handle(b"tier", RegisterTier(request_id="r2", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
+    svc.handle(b"kvtier-0", RegisterTier(request_id="r2", tier_id="kvtier-0", endpoint="tcp://127.0.0.1:5",
                                            protocol_version=PROTOCOL_VERSION))
     _snapshot(svc, "kvtier-0")
     svc._apply_events(_tier_events(0, BlockStored(block_hashes=(21,), parent_hash=None, tier="host")))

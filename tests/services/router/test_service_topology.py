@@ -108,7 +108,7 @@ def test_routed_tokens_count_as_queued_until_the_next_report() -> None:
     for _ in range(TOPOLOGY.min_samples):  # fast link: remote is cheaper
         svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)
     for worker_id in ("p", "d"):  # both count queued tokens: 0 now
-        assert svc.handle(b"w", Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
+        assert svc.handle(worker_id.encode(), Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
     assert _prefill_worker(svc, _prompt(1)) == "p"
     entry = svc.registry.get("p")
     assert entry is not None and svc.registry.effective_load(entry).num_waiting_tokens == 2000

@@ -22,5 +22,6 @@ def tier_client_config(extra: Mapping[str, Any]) -> TierClientConfig:
     curve_dir = str(extra.get("curve_dir") or "")
     return TierClientConfig(
         endpoint=str(extra["kvtier_endpoint"]), worker_id=str(extra.get("worker_id", "vllm")),
+        model_id=int(extra.get("hash_seed", 0)),
         lookup_timeout_s=float(extra.get("lookup_timeout_s", 0.1)), max_pending_blocks=1024,
         curve=load_curve_keys(Path(curve_dir)) if curve_dir else None)
