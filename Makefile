@@ -22,7 +22,7 @@ IMAGE_ARGS    = --target $(IMAGE_TARGET) -t $(IMAGE) $(if $(filter podman,$(CONT
 	$(if $(and $(filter podman,$(CONTAINER_ENGINE)),$(wildcard $(WHEELS_DIR))),-v $(WHEELS_DIR):/wheels:ro --build-arg WHEELS_DIR=/wheels)
 comma := ,
 
-.PHONY: setup serve serve-mock test bench clean containers-setup image
+.PHONY: setup serve serve-mock test test-deps bench clean containers-setup image
 
 setup: $(STAMP)
 
@@ -53,11 +53,15 @@ serve: setup
 serve-mock: setup
 	$(VENV)/bin/splitserve up --engine mock
 
-test: setup
+# Everything the suite needs on a fresh Debian machine (Chromium, the container tooling): idempotent, seconds once done.
+test: setup test-deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
+test-deps: setup
+	scripts/test_deps.sh $(PY)
+
 bench: setup
-	$(PY) bench/frontend.py
+	$(PY) -m bench.frontend
 
 clean:
 	rm -rf $(VENV) models .pytest_cache
