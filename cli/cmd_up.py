@@ -83,6 +83,9 @@ def up(
     mock_profile: Optional[Path] = typer.Option(None, help="Mock workers' timing from this profile JSON",
                                                 rich_help_panel=ENGINE),
     # Pools
+    gpus: Optional[str] = typer.Option(None, help="vLLM: GPUs for the engines, 0-7 | 0,1,3 | all; each engine gets "
+                                       "its tensor x pipeline parallel devices, engines that share one split its "
+                                       "memory (docs/gpus.md)", rich_help_panel=POOLS),
     prefill: int = typer.Option(1, help="Prefill workers", rich_help_panel=POOLS),
     decode: int = typer.Option(1, help="Decode workers", rich_help_panel=POOLS),
     aggregated: int = typer.Option(0, help="Workers with role both (replaces the P/D pools when > 0)",
@@ -185,7 +188,13 @@ def up(
     engine_args = tuple(a for a in ctx.args if a != "--")
     pool_args = {"prefill": _split(shlex, prefill_args, "--prefill-args"),
                  "decode": _split(shlex, decode_args, "--decode-args")}
-    _check_engine_args(engine_args, pool_args)  # vLLM's one-line error now, not a child's traceback later
+    # vLLM's one-line error now, not a child's traceback later
+    parsed = _check_engine_args(engine_args, pool_args)
+    placement = None
+    if gpus is not None:
+        placement = _placement(gpus, engine, planner, {"prefill": 0 if aggregated else prefill,
+                                                       "decode": 0 if aggregated else decode,
+                                                       "both": aggregated}, parsed)
     model_dir: Optional[Path] = None
     names = served_names(served_model_name, "") if served_model_name else ()
     if model is not None:
@@ -225,7 +234,7 @@ def up(
                      http_limits=limits, curve=curve,
                      curve_dir=curve_dir, switchable=switchable, served_model_names=names,
                      engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
-                     decode_engine_args=pool_args["decode"])
+                     decode_engine_args=pool_args["decode"], placement=placement)
     raise typer.Exit(launch(spec))
 
 
@@ -236,15 +245,35 @@ def _split(shlex, text: str, flag: str) -> tuple[str, ...]:
         raise typer.BadParameter(f"{exc} in {text!r}", param_hint=flag) from None
 
 
-def _check_engine_args(common: tuple[str, ...], pools: dict[str, tuple[str, ...]]) -> None:
-    """Each pool's engine arguments as its workers will parse them (common ones first); exit 2 on vLLM's error."""
+def _check_engine_args(common: tuple[str, ...], pools: dict[str, tuple[str, ...]]) -> dict[str, dict]:
+    """Each pool's engine arguments as its workers will parse them (common ones first); exit 2 on vLLM's error.
+    What each pool's workers get, by vLLM's dest name ("both": the common ones)."""
     from services.worker.engines.vllm.engine_args import EngineArgsError, parse_engine_args
 
+    out: dict[str, dict] = {"prefill": {}, "decode": {}, "both": {}}
     for pool, own in (("every engine", ()), *pools.items()):
         if not (common or own) or (pool != "every engine" and not own):
             continue
         try:
-            parse_engine_args((*common, *own), prog="splitserve up")
+            given = dict(parse_engine_args((*common, *own), prog="splitserve up").given)
         except EngineArgsError as exc:
             typer.echo(f"error: {exc}" + ("" if pool == "every engine" else f" (--{pool}-args)"), err=True)
             raise typer.Exit(2) from exc
+        if pool == "every engine":
+            out = {role: dict(given) for role in out}
+        else:
+            out[pool] = given
+    return out
+
+
+def _placement(gpus: str, engine: str, planner: bool, num_engines: dict[str, int], parsed: dict[str, dict]):
+    """``--gpus``: every initial engine's devices (cli/placement.py), or a one-line error and exit 2."""
+    from cli.gpus import devices_option, placement_or_exit, pool_demand
+
+    if engine != "vllm":
+        raise typer.BadParameter("places vLLM engines (the mock engine uses no GPU)", param_hint="--gpus")
+    if planner:
+        raise typer.BadParameter("a planner's new workers have no devices placed yet: run fixed pools with "
+                                 "--gpus, or start workers with `splitserve worker --gpus`", param_hint="--gpus")
+    devices = devices_option(gpus)
+    return placement_or_exit(devices, [pool_demand(role, n, parsed[role]) for role, n in num_engines.items()])

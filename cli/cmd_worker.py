@@ -82,6 +82,9 @@ def worker(
                                        "--advertise)"),
     kv_cache_gib: int = typer.Option(1, help="vLLM on CPU: KV cache space"),
     core: Optional[int] = typer.Option(None, help="vLLM on CPU: pin the engine's threads to this core"),
+    gpus: Optional[str] = typer.Option(None, help="vLLM: this engine's GPUs, 0-7 | 0,1,3 | all (its CUDA_VISIBLE_"
+                                       "DEVICES: the first tensor x pipeline parallel of them); default: those "
+                                       "this process sees"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: none)"),
     metrics_host: str = MetricsHost,
     drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM: finish requests for at most this long, then exit"),
@@ -222,6 +225,10 @@ def worker(
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False,
             # Loaded (checked) above; vLLM's processes load them again from this path (no key material in argv).
             kvtier_curve_dir=str(curve_key_dir(curve_dir, "worker") or ""))
+        engine_env = engine_process_env(config, None)
+        if gpus is not None or _on_cuda(None):
+            core = None  # a GPU engine's threads are vLLM's to place (one core would starve its TP workers)
+            engine_env = {**engine_process_env(config, None), **_gpu_env(gpus, engine_args.given)}
         if core is not None and core not in os.sched_getaffinity(0):
             # A container's cpuset may not hold it: vLLM would fail binding its threads to it.
             typer.echo(f"warning: --core {core} is not one of this process's cores "
@@ -231,7 +238,7 @@ def worker(
             # The whole process tree (vLLM's engine core and model processes are our children) stays on its
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
             os.sched_setaffinity(0, {core})
-        reexec_with_engine_env(engine_process_env(config, core))
+        reexec_with_engine_env(engine_process_env(config, core) if core is not None else engine_env)
         from cli.engine_reaper import start_engine_reaper
 
         start_engine_reaper()  # before vLLM starts its engine processes: they die with us, even by SIGKILL
@@ -253,6 +260,30 @@ def worker(
         # Deregistered already; a non-zero exit is what systemd, Kubernetes and `up` restart on.
         typer.echo(f"worker {wid}: {exc}; exiting for a restart", err=True)
         raise typer.Exit(ENGINE_DEAD_EXIT_CODE) from None
+
+
+def _on_cuda(devices: tuple[int, ...] | None) -> bool:
+    from cli.gpus import engine_on_cuda
+
+    return engine_on_cuda(devices, os.environ)
+
+
+def _gpu_env(gpus: Optional[str], given: dict) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES (--gpus: the engine's tensor x pipeline parallel devices) and NIXL's UCX settings for
+    GPU memory (the user's own UCX_* win)."""
+    from cli.gpus import devices_option, placement_or_exit, pool_demand
+    from services.worker.engines.vllm.ucx import gpu_ucx_env
+
+    env: dict[str, str] = {}
+    devices: tuple[int, ...] | None = None
+    if gpus is not None:
+        devices = devices_option(gpus)
+        placed = placement_or_exit(devices, [pool_demand("worker", 1, given)]).engines[0]
+        env["CUDA_VISIBLE_DEVICES"] = placed.cuda_visible_devices
+    ucx = gpu_ucx_env(_on_cuda(devices), os.environ)
+    if ucx.warning:
+        typer.echo(f"warning: {ucx.warning}", err=True)
+    return {**env, **ucx.env}
 
 
 def _tier_client(endpoint: str, worker_id: str, curve=None, model_id: int = 0):

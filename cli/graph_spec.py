@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.http_limits import HttpLimits
+from cli.placement import Placement
 from cli.ports import free_port
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
@@ -107,6 +108,9 @@ class GraphSpec:
     engine_args: tuple[str, ...] = ()
     prefill_engine_args: tuple[str, ...] = ()
     decode_engine_args: tuple[str, ...] = ()
+    # `up --gpus`: each initial worker's devices, in worker_roles order (cli/placement.py); None: no placement
+    # (every worker sees the machine's devices as `up` does).
+    placement: Placement | None = None
 
 
 def pool_engine_args(spec: GraphSpec, role: str) -> tuple[str, ...]:
@@ -161,6 +165,11 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
     if spec.served_model_names:
         cmd += ["--served-model-name", spec.served_model_names[0]]
     engine_args = pool_engine_args(spec, role)
+    if spec.placement is not None and index < len(spec.placement.engines):
+        placed = spec.placement.engines[index]
+        cmd += ["--gpus", placed.cuda_visible_devices]
+        if placed.gpu_memory_utilization is not None:  # engines sharing a device: their share of its memory
+            engine_args = ("--gpu-memory-utilization", str(placed.gpu_memory_utilization), *engine_args)
     return [*cmd, "--", *engine_args] if engine_args else cmd
 
 

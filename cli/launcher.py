@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from cli.child_setup import launcher_env
+from cli.placement import control_plane_env
 from cli.children import Child, ChildSet
 from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
     DEFAULT_MODEL_DIR,
@@ -129,7 +130,7 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
         # The child sets its cores and parent-death signal itself (cli/child_setup.py): no preexec_fn in a
         # launcher with ZeroMQ threads running.
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", *with_options(cmd, common)], start_new_session=True,
-                                env={**env, **launcher_env(os.getpid(), cores)})
+                                env={**env, **control_plane_env(cmd[0]), **launcher_env(os.getpid(), cores)})
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":
             child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]

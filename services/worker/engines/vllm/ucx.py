@@ -1,0 +1,45 @@
+"""UCX settings for NIXL when a vLLM engine's KV cache is in GPU memory (pure: the caller passes the environment).
+
+NIXL moves KV through UCX, which picks a transport per memory type and peer. For KV in VRAM: ``cuda_ipc`` READs
+another process's GPU memory on the same host (NVLink or PCIe peer access, no host copy), ``cuda_copy`` stages
+device <-> host memory (VRAM to a host peer: the kvtier's DRAM pool), ``rc`` (InfiniBand / RoCE verbs, GPUDirect
+RDMA where the driver has it) reaches other hosts, ``tcp`` is the fallback between hosts without RDMA, ``sm``
+(shared memory: posix, cma) and ``self`` carry host-memory peers on this host (kvtier's pool, UCX's own
+wire-up). Transports the machine lacks (no HCA: no ``rc``) are left out by UCX itself.
+
+The user's own UCX_* variables win, each one: ``gpu_ucx_env`` only adds those they did not set, and warns when
+their UCX_TLS is an inclusion list with no CUDA transport (UCX then cannot touch GPU memory; NIXL fails to
+register VRAM or falls back to nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# The order is UCX's preference only where it has no better measure; it chooses lanes by its own bandwidth model.
+GPU_UCX_TLS = "cuda_copy,cuda_ipc,rc,sm,self,tcp"
+CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "cuda")  # "cuda" is UCX's alias for both
+
+
+@dataclass(frozen=True, slots=True)
+class UcxSettings:
+    env: dict[str, str]  # to add to the worker's environment (before vLLM's NIXL agent starts)
+    kept: tuple[str, ...] = ()  # the user's own UCX_* variables that replaced ours
+    warning: str = ""
+
+
+def gpu_ucx_env(on_cuda: bool, user_env: Mapping[str, str]) -> UcxSettings:
+    """What the worker sets for NIXL: nothing on CPU (UCX's defaults, measured here: docs/architecture.md)."""
+    if not on_cuda:
+        return UcxSettings(env={})
+    ours = {"UCX_TLS": GPU_UCX_TLS}
+    kept = tuple(sorted(k for k in ours if k in user_env))
+    warning = ""
+    tls = user_env.get("UCX_TLS", "")
+    if tls and not tls.startswith("^") and tls != "all":
+        names = {t.strip() for t in tls.split(",")}
+        if not names & set(CUDA_TRANSPORTS):
+            warning = (f"UCX_TLS={tls} has no CUDA transport: NIXL cannot move KV in GPU memory; add "
+                       f"cuda_copy,cuda_ipc (splitserve's default is {GPU_UCX_TLS})")
+    return UcxSettings(env={k: v for k, v in ours.items() if k not in user_env}, kept=kept, warning=warning)
