@@ -1,0 +1,26 @@
+"""NIXL's UCX settings for KV in GPU memory (ucx.py): set on CUDA only, the user's own UCX_* win."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.worker.engines.vllm.ucx import GPU_UCX_TLS, gpu_ucx_env
+
+
+@pytest.mark.parametrize(("on_cuda", "user_env", "env", "kept", "warns"), [
+    (False, {}, {}, (), False),  # CPU: UCX's defaults
+    (True, {}, {"UCX_TLS": GPU_UCX_TLS}, (), False),
+    (True, {"UCX_TLS": "rc,cuda_copy"}, {}, ("UCX_TLS",), False),  # theirs, with a CUDA transport
+    (True, {"UCX_TLS": "tcp,self"}, {}, ("UCX_TLS",), True),  # theirs, but it cannot touch GPU memory
+    (True, {"UCX_TLS": "^ud"}, {}, ("UCX_TLS",), False),  # an exclusion list keeps the CUDA transports
+    (True, {"UCX_NET_DEVICES": "mlx5_0:1"}, {"UCX_TLS": GPU_UCX_TLS}, (), False),  # other UCX_* are left as set
+])
+def test_gpu_ucx_env(on_cuda, user_env, env, kept, warns) -> None:
+    settings = gpu_ucx_env(on_cuda, user_env)
+    assert (settings.env, settings.kept, bool(settings.warning)) == (env, kept, warns)
+
+
+def test_gpu_transports_cover_device_memory_on_and_across_hosts() -> None:
+    names = GPU_UCX_TLS.split(",")
+    assert {"cuda_copy", "cuda_ipc"} <= set(names)  # VRAM <-> host, VRAM <-> VRAM on one host
+    assert {"rc", "tcp"} <= set(names)  # across hosts: RDMA, else TCP
