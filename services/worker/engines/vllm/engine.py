@@ -192,7 +192,7 @@ class VllmEngine:
             "logits_processors": [QUALNAME],
             "disable_log_stats": True,
         })
-        if self.config.kv_role is not None or (self.config.kvtier_endpoint and not _has_cuda()):
+        if self.config.kv_role is not None or self.config.kvtier_endpoint:
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
         if self.config.kv_role is not None:
             if not self.config.nixl_progress_spin:
@@ -253,10 +253,7 @@ class VllmEngine:
                                               "worker_id": cfg.engine_id or "vllm",
                                               "write_through": cfg.kvtier_write_through,
                                               **({"curve_dir": cfg.kvtier_curve_dir} if cfg.kvtier_curve_dir else {})}}
-        use_tier = bool(cfg.kvtier_endpoint)
-        if use_tier and _has_cuda():  # the connector handles host-memory KV caches only (its docstring)
-            log.warning("kvtier_disabled", reason="KV cache on GPU: the kvtier connector handles host memory only")
-            use_tier = False
+        use_tier = bool(cfg.kvtier_endpoint)  # on GPUs too: the connector moves blocks device <-> host (mover.py)
         if not use_tier:
             chosen = nixl
         elif cfg.kv_role in (None, "both") and not cfg.switchable:

@@ -23,8 +23,12 @@ into; the lookup answers slots and checksums, verified after the READ. ``"inline
 (kvtier registers its pool seconds after it starts), moves every block as bytes in ZeroMQ messages. Save:
 always bytes in ZeroMQ messages (``TierStore``).
 
-Scope: KV caches in host memory (vLLM on CPU, as on this machine). On GPUs the packing, the NIXL registration
-("DRAM") and the in-place checksums would need device-aware versions (VRAM descriptors, a host bounce for xxh3).
+KV cache on a GPU: packing and unpacking run on the device (``KvLayout``), and ``TierMover`` (``mover.py``)
+copies the packed blocks device <-> pinned host memory on a side stream: a save's device -> host copy is waited
+for by the connector's ``kvtier-d2h`` thread, not by the engine step; a load's host -> device copy is ordered
+before the forward on the GPU. Loads on a GPU are inline bytes (the NIXL READ path registers the KV cache as
+host memory and checks xxh3 in place, which VRAM would need a host bounce for). On CPU the mover hands tensors
+through as they are: the same code, no copy.
 
 Settings come from ``kv_connector_extra_config``: ``kvtier_endpoint``, ``hash_seed``, ``worker_id``,
 ``write_through`` (default true), ``transfer`` ("nixl" | "inline"), ``lookup_timeout_s`` (probe, default 0.1),
@@ -37,6 +41,8 @@ for the blocks right after the own tier's run; those are loaded from it (``tier_
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +59,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from common.hashing import block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
+from services.worker.engines.vllm.tier.mover import HostCopy, TierMover
 from services.worker.engines.vllm.tier.stats import TierLoadStats, TierPromMetrics
 from services.worker.engines.vllm.tier.plan import (
     BlockPlan,
@@ -113,6 +120,10 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         self._layout: KvLayout | None = None
         self._nixl: NixlOnboarder | None = None
         self._loader: TierLoader | None = None
+        self._mover: TierMover | None = None
+        # Saves whose device -> host copy is still running (GPU): (copy, block hashes); None stops the thread.
+        self._d2h: queue.SimpleQueue[tuple[HostCopy, list[int]] | None] = queue.SimpleQueue()
+        self._d2h_thread: threading.Thread | None = None
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # loads that failed this step: their computed blocks are suspect
         self.num_loaded_blocks = 0
@@ -212,17 +223,21 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         # The block size is known now: cap the write-through queue in bytes (no socket is open yet).
         self.client = SyncTierClient(dataclasses.replace(
             self.client.config, max_pending_blocks=max(16, self.max_pending_bytes // self._layout.block_bytes)))
+        self._mover = TierMover(self._layout.device)
+        if self._mover.on_cuda:  # NIXL onboarding registers host memory and checks it in place: inline bytes
+            self.transfer = "inline"
+            self.remotes.use_nixl = False
         if self.transfer == "nixl":
             try:
                 self._nixl = NixlOnboarder(self._layout, self.worker_id)
             except Exception as exc:  # registration refused: inline bytes only
                 log.warning("kvtier_nixl_unavailable", error=repr(exc))
-        self._loader = TierLoader(self._layout, self.client, self._nixl, self.fetch_timeout_s)
+        self._loader = TierLoader(self._layout, self.client, self._nixl, self.fetch_timeout_s, self._mover)
         # Learn kvtier's pool now (add_remote_agent + a descriptor list per slot: milliseconds), not in the first
         # load; if kvtier is not up yet, the first load asks again.
         self._loader.nixl_ready(stats_timeout_s=0.2)
         log.info("kvtier_connector_ready", shapes=[tuple(t.shape) for t in kv_caches.values()],
-                 num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes,
+                 num_blocks=self._num_blocks, block_bytes=self._layout.block_bytes, device=str(self._layout.device),
                  endpoint=self.client.config.endpoint,
                  write_through=self.write_through, transfer="nixl" if self._nixl and self._nixl.usable else "inline")
 
@@ -286,14 +301,35 @@ class SplitserveTierConnector(KVConnectorBase_V1):
                 continue  # computed on top of blocks that did not load: vLLM recomputes them, we skip them
             began = time.perf_counter()
             try:
-                packed = self._layout.pack(plan.block_ids).numpy()
-                self.client.store([(h, packed[i].tobytes()) for i, h in enumerate(plan.block_hashes)])
+                assert self._mover is not None
+                copy = self._mover.to_host(self._layout.pack(plan.block_ids))
+                if copy.done():  # CPU: host memory already
+                    self._store(copy, list(plan.block_hashes))
+                else:  # GPU: the kvtier-d2h thread waits for the side stream's copy, then sends
+                    self._start_d2h_thread()
+                    self._d2h.put((copy, list(plan.block_hashes)))
             except Exception:  # a save is best effort: never the engine's failure
                 log.exception("kvtier_save_failed", req_id=plan.req_id)
                 continue
-            # The engine step waits for this copy (the blocks may be reused right after); the send does not.
+            # The engine step waits for the pack (the blocks may be reused right after); not the D2H copy or send.
             log.info("kvtier_write_through", worker_id=self.worker_id, req_id=plan.req_id,
                      num_blocks=len(plan.block_ids), ms=round((time.perf_counter() - began) * 1e3, 3))
+
+    def _store(self, copy: HostCopy, block_hashes: list[int]) -> None:
+        packed = copy.wait().numpy()
+        self.client.store([(h, packed[i].tobytes()) for i, h in enumerate(block_hashes)])
+
+    def _start_d2h_thread(self) -> None:
+        if self._d2h_thread is None:
+            self._d2h_thread = threading.Thread(target=self._d2h_loop, name="kvtier-d2h", daemon=True)
+            self._d2h_thread.start()
+
+    def _d2h_loop(self) -> None:
+        while (item := self._d2h.get()) is not None:
+            try:
+                self._store(*item)
+            except Exception:  # best effort, as every save
+                log.exception("kvtier_save_failed")
 
     def get_kv_connector_stats(self) -> TierLoadStats | None:
         return self._load_stats.take()
@@ -313,6 +349,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        if self._d2h_thread is not None:  # the copies under way are sent before the client closes
+            self._d2h.put(None)
+            self._d2h_thread.join(timeout=5.0)
         if self._nixl is not None:
             self._nixl.close()
         self.remotes.close()

@@ -10,7 +10,8 @@ numbers: ``layers.2`` before ``layers.10``), of each layer's slab for that block
 
 Each slab is copied as its raw bytes (C order), so ``block_bytes`` = sum of slab sizes and is the same on every
 worker of a model with the same dtype and block size: workers of one model can load each other's blocks.
-No I/O here: ``pack`` gathers blocks into a ``[n, block_bytes]`` uint8 tensor, ``unpack`` scatters one back.
+No I/O here: ``pack`` gathers blocks into a ``[n, block_bytes]`` uint8 tensor, ``unpack`` scatters one back,
+both on the KV cache's device (``mover.py`` moves them to and from host memory).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class KvLayout:
     def block_bytes(self) -> int:
         return sum(self.part_bytes)
 
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device if self.parts else torch.device("cpu")
+
     @classmethod
     def from_kv_caches(cls, kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> KvLayout:
         names = layer_order(list(kv_caches))
@@ -68,10 +73,10 @@ class KvLayout:
     def pack(self, block_ids: Sequence[int]) -> torch.Tensor:
         """``[len(block_ids), block_bytes]`` uint8: row i is the tier block of ``block_ids[i]``."""
         n = len(block_ids)
-        out = torch.empty((n, self.block_bytes), dtype=torch.uint8)
+        out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
         if not n:
             return out
-        idx = torch.tensor(block_ids, dtype=torch.long)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         offset = 0
         for part, size in zip(self.parts, self.part_bytes):
             slabs = part.index_select(0, idx).reshape(n, -1)  # a copy: [n, elements per slab]
@@ -80,13 +85,14 @@ class KvLayout:
         return out
 
     def unpack(self, block_ids: Sequence[int], blocks: torch.Tensor) -> None:
-        """Write ``blocks`` (``[len(block_ids), block_bytes]`` uint8, as ``pack`` makes them) into the KV cache."""
+        """Write ``blocks`` (``[len(block_ids), block_bytes]`` uint8 on the KV cache's device, as ``pack`` makes
+        them) into the KV cache."""
         n = len(block_ids)
         if blocks.shape != (n, self.block_bytes) or blocks.dtype != torch.uint8:
             raise ValueError(f"expected uint8 [{n}, {self.block_bytes}], got {blocks.dtype} {tuple(blocks.shape)}")
         if not n:
             return
-        idx = torch.tensor(block_ids, dtype=torch.long)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         offset = 0
         for part, size in zip(self.parts, self.part_bytes):
             raw = blocks[:, offset:offset + size].contiguous()

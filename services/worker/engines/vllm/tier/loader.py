@@ -17,6 +17,7 @@ import torch
 
 from common.protocol import TierBlock
 from services.worker.engines.vllm.tier.layout import KvLayout
+from services.worker.engines.vllm.tier.mover import TierMover
 from services.worker.engines.vllm.tier.nixl import NixlOnboarder
 from services.worker.engines.vllm.tier.plan import BlockPlan
 from common.kvtier.sync_client import SyncTierClient
@@ -27,8 +28,10 @@ log = structlog.get_logger(__name__)
 
 class TierLoader:
     def __init__(self, layout: KvLayout, client: SyncTierClient, nixl: NixlOnboarder | None,
-                 fetch_timeout_s: float) -> None:
+                 fetch_timeout_s: float, mover: TierMover | None = None) -> None:
         self.layout = layout
+        # Host bytes onto the KV cache's device (CUDA: pinned, on a side stream; CPU: as they are).
+        self.mover = mover or TierMover(layout.device)
         self.client = client
         self.nixl = nixl
         self.fetch_timeout_s = fetch_timeout_s
@@ -44,7 +47,7 @@ class TierLoader:
         self.last_tier = self.client.last_fetch_tier
         if got:
             data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
-            layout.unpack(plan.block_ids[:len(got)], data)
+            layout.unpack(plan.block_ids[:len(got)], self.mover.to_device(data))
         return len(got)
 
     def load_nixl(self, plan: BlockPlan) -> int:
@@ -94,7 +97,7 @@ class TierLoader:
         inline = [(bid, b.data) for bid, b in zip(block_ids, blocks) if b.slot < 0]
         if inline:
             data = torch.frombuffer(bytearray(b"".join(d for _, d in inline)), dtype=torch.uint8)
-            layout.unpack([bid for bid, _ in inline], data.view(len(inline), layout.block_bytes))
+            layout.unpack([bid for bid, _ in inline], self.mover.to_device(data.view(len(inline), layout.block_bytes)))
         num_ok = len(blocks)
         for i, (bid, block) in enumerate(zip(block_ids, blocks)):
             if block.slot >= 0 and not (read_ok and nixl.checksum(bid) == block.checksum):
