@@ -271,7 +271,7 @@ def _on_cuda(devices: tuple[int, ...] | None) -> bool:
 def _gpu_env(gpus: Optional[str], given: dict) -> dict[str, str]:
     """CUDA_VISIBLE_DEVICES (--gpus: the engine's tensor x pipeline parallel devices) and NIXL's UCX settings for
     GPU memory (the user's own UCX_* win)."""
-    from cli.gpus import devices_option, placement_or_exit, pool_demand
+    from cli.gpus import devices_option, has_rdma_device, placement_or_exit, pool_demand
     from services.worker.engines.vllm.ucx import gpu_ucx_env
 
     env: dict[str, str] = {}
@@ -280,7 +280,7 @@ def _gpu_env(gpus: Optional[str], given: dict) -> dict[str, str]:
         devices = devices_option(gpus)
         placed = placement_or_exit(devices, [pool_demand("worker", 1, given)]).engines[0]
         env["CUDA_VISIBLE_DEVICES"] = placed.cuda_visible_devices
-    ucx = gpu_ucx_env(_on_cuda(devices), os.environ)
+    ucx = gpu_ucx_env(_on_cuda(devices), os.environ, has_rdma_device())
     if ucx.warning:
         typer.echo(f"warning: {ucx.warning}", err=True)
     return {**env, **ucx.env}

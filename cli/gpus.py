@@ -58,3 +58,13 @@ def engine_on_cuda(devices: tuple[int, ...] | None, environ: Mapping[str, str]) 
     if devices:
         return True
     return devices is None and shutil.which("nvidia-smi") is not None and environ.get("CUDA_VISIBLE_DEVICES") != ""
+
+
+def has_rdma_device(sys_root: str = "/sys/class/infiniband") -> bool:
+    """An InfiniBand / RoCE device here (UCX's rc transport needs one)."""
+    import os
+
+    try:
+        return bool(os.listdir(sys_root))
+    except OSError:
+        return False

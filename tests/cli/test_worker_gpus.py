@@ -14,6 +14,7 @@ from services.worker.engines.vllm.ucx import GPU_UCX_TLS
 @pytest.fixture(autouse=True)
 def four_gpus(monkeypatch):
     monkeypatch.setattr(cli.gpus, "listed_gpus", lambda: (0, 1, 2, 3))
+    monkeypatch.setattr(cli.gpus, "has_rdma_device", lambda: True)
     monkeypatch.delenv("UCX_TLS", raising=False)
 
 

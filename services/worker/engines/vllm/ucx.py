@@ -5,7 +5,8 @@ another process's GPU memory on the same host (NVLink or PCIe peer access, no ho
 device <-> host memory (VRAM to a host peer: the kvtier's DRAM pool), ``rc`` (InfiniBand / RoCE verbs, GPUDirect
 RDMA where the driver has it) reaches other hosts, ``tcp`` is the fallback between hosts without RDMA, ``sm``
 (shared memory: posix, cma) and ``self`` carry host-memory peers on this host (kvtier's pool, UCX's own
-wire-up). Transports the machine lacks (no HCA: no ``rc``) are left out by UCX itself.
+wire-up). ``rc`` is listed only where the machine has an RDMA device (``has_rdma``, the caller reads
+/sys/class/infiniband): UCX warns once per process about every listed transport it cannot find.
 
 The user's own UCX_* variables win, each one: ``gpu_ucx_env`` only adds those they did not set, and warns when
 their UCX_TLS is an inclusion list with no CUDA transport (UCX then cannot touch GPU memory; NIXL fails to
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 # The order is UCX's preference only where it has no better measure; it chooses lanes by its own bandwidth model.
 GPU_UCX_TLS = "cuda_copy,cuda_ipc,rc,sm,self,tcp"
+GPU_UCX_TLS_NO_RDMA = "cuda_copy,cuda_ipc,sm,self,tcp"
 CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "cuda")  # "cuda" is UCX's alias for both
 
 
@@ -29,11 +31,11 @@ class UcxSettings:
     warning: str = ""
 
 
-def gpu_ucx_env(on_cuda: bool, user_env: Mapping[str, str]) -> UcxSettings:
+def gpu_ucx_env(on_cuda: bool, user_env: Mapping[str, str], has_rdma: bool = True) -> UcxSettings:
     """What the worker sets for NIXL: nothing on CPU (UCX's defaults, measured here: docs/architecture.md)."""
     if not on_cuda:
         return UcxSettings(env={})
-    ours = {"UCX_TLS": GPU_UCX_TLS}
+    ours = {"UCX_TLS": GPU_UCX_TLS if has_rdma else GPU_UCX_TLS_NO_RDMA}
     kept = tuple(sorted(k for k in ours if k in user_env))
     warning = ""
     tls = user_env.get("UCX_TLS", "")

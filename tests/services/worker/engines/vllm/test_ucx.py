@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.engines.vllm.ucx import GPU_UCX_TLS, gpu_ucx_env
+from services.worker.engines.vllm.ucx import GPU_UCX_TLS, GPU_UCX_TLS_NO_RDMA, gpu_ucx_env
 
 
 @pytest.mark.parametrize(("on_cuda", "user_env", "env", "kept", "warns"), [
@@ -24,3 +24,9 @@ def test_gpu_transports_cover_device_memory_on_and_across_hosts() -> None:
     names = GPU_UCX_TLS.split(",")
     assert {"cuda_copy", "cuda_ipc"} <= set(names)  # VRAM <-> host, VRAM <-> VRAM on one host
     assert {"rc", "tcp"} <= set(names)  # across hosts: RDMA, else TCP
+
+
+def test_no_rdma_device_no_rc() -> None:
+    # UCX warns about each listed transport it cannot find: without an HCA, rc is not listed.
+    assert gpu_ucx_env(True, {}, has_rdma=False).env == {"UCX_TLS": GPU_UCX_TLS_NO_RDMA}
+    assert "rc" not in GPU_UCX_TLS_NO_RDMA.split(",") and "tcp" in GPU_UCX_TLS_NO_RDMA.split(",")
