@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The CUDA check: on a machine with an NVIDIA GPU, install CUDA vLLM + NIXL into a venv (pinned as `make setup`
-# pins them), make the tiny model, run the prefill/decode equality test (KV moved between GPU memories by NIXL,
-# kv_buffer_device "cuda") and the raw NIXL READ bench, in under 8 minutes. Logs and the bench JSON go to $OUT
-# (or ./device-check/), with summary.txt listing each step's exit status.
+# The GPU check for a bare machine: one NVIDIA GPU, python3.12 with torch for CUDA 13 (and numpy), no vLLM, no
+# network, the NIXL wheel brought along (scripts/fetch_device_wheels.sh puts nixl-cu13 1.5.1, ~56 MB, in
+# .device-wheels/). Under 8 minutes, three checks, each a JSON file in $OUT (or ./device-check/), summary.txt
+# listing each step's exit status and device_check.json all of them:
+#   placement   the placement's CUDA_VISIBLE_DEVICES against `nvidia-smi -L` (scripts/device_check/placement_env.py)
+#   tier_mover  the kvtier connector's device <-> pinned host mover, bytes checked, GB/s beside a pinned copy
+#   nixl_vram   NIXL READ of KV-shaped VRAM between two processes, bytes checked, GB/s beside a device copy
 #
-#   scripts/device_check.sh                     # from the repository root
-#   VENV=/opt/venv scripts/device_check.sh      # reuse a venv that already has the packages (skips pip)
-#
-# Offline machines: point pip at local wheels with its own variables (PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels).
+#   scripts/device_check.sh                 # from anywhere; WHEELS=/path/to/wheels to use another directory
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv-cuda}
 LOG_DIR=${OUT:-$PWD/device-check}
+WHEELS=${WHEELS:-$PWD/.device-wheels}
+PY=${PY:-python3}
 mkdir -p "$LOG_DIR"
 SUMMARY=$LOG_DIR/summary.txt
 : > "$SUMMARY"
@@ -20,10 +21,10 @@ START_S=$SECONDS
 FAILED=0
 
 # Seconds per step: together under 8 minutes (480 s), with room for the machine's own start-up.
-INSTALL_TIMEOUT_S=${INSTALL_TIMEOUT_S:-210}
-MODEL_TIMEOUT_S=${MODEL_TIMEOUT_S:-45}
-TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-150}
-BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-45}
+INSTALL_TIMEOUT_S=${INSTALL_TIMEOUT_S:-60}
+PLACEMENT_TIMEOUT_S=${PLACEMENT_TIMEOUT_S:-90}
+MOVER_TIMEOUT_S=${MOVER_TIMEOUT_S:-120}
+NIXL_TIMEOUT_S=${NIXL_TIMEOUT_S:-180}
 
 log() { echo "[$((SECONDS - START_S))s] $*" | tee -a "$SUMMARY"; }
 
@@ -47,41 +48,47 @@ if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L > "$LOG_DIR/gpus.
     exit 2
 fi
 log "gpus: $(tr '\n' ';' < "$LOG_DIR/gpus.txt")"
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
+torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0))" >> "$SUMMARY" 2>&1
 
-PY=$VENV/bin/python
+# NIXL: the wheel unpacked into a directory on PYTHONPATH (a wheel is a zip; no pip, venv or network needed).
+SITE=$LOG_DIR/site
 install() {
     set -e
-    test -x "$PY" || python3 -m venv "$VENV"
-    "$PY" -m pip install -q --upgrade "pip>=24"
-    # As the Makefile's setup with ENGINE_EXTRA=cuda: CUDA vLLM of the pinned version, then NIXL 1.5.1 (the cu12
-    # wheel carries the libraries; the meta package without its broken pins).
-    "$PY" -m pip install -q -e ".[cuda,test]"
-    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2> /dev/null || true
-    "$PY" -m pip install -q nixl-cu12==1.5.1
-    "$PY" -m pip install -q --no-deps nixl==1.5.1
-    "$PY" -c "import torch, vllm, nixl; assert torch.cuda.is_available(), 'torch sees no GPU'; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+    local wheel
+    wheel=$(ls "$WHEELS"/nixl_cu13-1.5.1-*.whl 2> /dev/null | head -n 1)
+    test -n "$wheel" || { echo "no nixl_cu13-1.5.1 wheel in $WHEELS (scripts/fetch_device_wheels.sh)"; exit 1; }
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    "$PY" -m zipfile -e "$wheel" "$SITE"
+    PYTHONPATH=$SITE "$PY" -c "import numpy, nixl_cu13._api as api; a = api.nixl_agent('probe', \
+api.nixl_agent_config(enable_prog_thread=False, backends=[])); a.create_backend('UCX', {}); print('nixl ok')"
 }
-if [ -x "$PY" ] && "$PY" -c "import torch, vllm, nixl; assert torch.cuda.is_available()" > /dev/null 2>&1; then
-    log "install: $VENV already has torch (CUDA), vllm and nixl"
-else
-    export -f install
-    export PY VENV
-    step install "$INSTALL_TIMEOUT_S" bash -c install || { log "install failed: nothing else can run"; exit 1; }
-fi
+export -f install
+export PY WHEELS SITE
+step install "$INSTALL_TIMEOUT_S" bash -c install || log "install failed: the NIXL step cannot run"
+export PYTHONPATH=$SITE OMP_NUM_THREADS=1
 
-export PYTHONPATH=$PWD OMP_NUM_THREADS=1
-"$PY" -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__)" \
-    >> "$SUMMARY" 2>&1
+step placement "$PLACEMENT_TIMEOUT_S" "$PY" scripts/device_check/placement_env.py --timeout-s 60 \
+    --out "$LOG_DIR/placement.json"
 
-step model "$MODEL_TIMEOUT_S" "$PY" -m cli.main model make-tiny --out models/tiny || { log "no model: stopping"; exit 1; }
+step tier_mover "$MOVER_TIMEOUT_S" "$PY" scripts/device_check/tier_mover.py --device cuda --layers 36 \
+    --num-blocks 512 --move-blocks 64 --repeats 10 --out "$LOG_DIR/tier_mover.json"
 
-# Prefill and decode vLLM engines in separate worker processes, KV pulled with NIXL, greedy fp32 output equal to
-# one engine's through the HTTP API (tests/e2e/test_vllm_disagg.py).
-step pd_equality "$TEST_TIMEOUT_S" "$PY" -m pytest -q -p no:cacheprovider -m vllm tests/e2e/test_vllm_disagg.py
+step nixl_vram "$NIXL_TIMEOUT_S" "$PY" scripts/device_check/nixl_vram.py --device cuda --layers 36 \
+    --num-blocks 256 --read-blocks 64 --repeats 10 --timeout-s 120 --out "$LOG_DIR/nixl_vram.json"
 
-# Raw NIXL READ between two processes, shaped like the tiny model's KV for a 512-token prompt.
-step nixl_read "$BENCH_TIMEOUT_S" "$PY" bench/nixl_read.py --model models/tiny --dtype float32 \
-    --prompt-tokens 512 --repeats 10 --out "$LOG_DIR/nixl_read.json"
+# One JSON of everything, for the README's figures.
+"$PY" - "$LOG_DIR" <<'PYEOF' || FAILED=1
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+steps = {}
+for name in ("placement", "tier_mover", "nixl_vram"):
+    path = out / f"{name}.json"
+    steps[name] = json.loads(path.read_text()) if path.is_file() else None
+summary = (out / "summary.txt").read_text().splitlines()
+(out / "device_check.json").write_text(json.dumps({"steps": steps, "summary": summary}, indent=2) + "\n")
+print("wrote", out / "device_check.json")
+PYEOF
 
 log "done in $((SECONDS - START_S))s; failed=$FAILED; logs in $LOG_DIR"
 exit "$FAILED"
