@@ -56,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from common.errors import EngineError
 from common.hashing import block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
@@ -219,7 +220,12 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     # ========================================================================================= worker side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._layout = KvLayout.from_kv_caches(kv_caches, self._num_blocks)
+        try:
+            self._layout = KvLayout.from_kv_caches(kv_caches, self._num_blocks)
+        except EngineError as exc:  # a cache layout we cannot pack (an attention backend's strides): no tier
+            log.warning("kvtier_layout_unsupported", error=str(exc),
+                        shapes=[tuple(t.shape) for t in kv_caches.values()])
+            return
         # The block size is known now: cap the write-through queue in bytes (no socket is open yet).
         self.client = SyncTierClient(dataclasses.replace(
             self.client.config, max_pending_blocks=max(16, self.max_pending_bytes // self._layout.block_bytes)))
@@ -251,7 +257,10 @@ class SplitserveTierConnector(KVConnectorBase_V1):
     def _load(self, plan: BlockPlan) -> None:
         began = time.perf_counter()
         loader = self._loader
-        assert loader is not None and self._layout is not None
+        if loader is None or self._layout is None:  # no layout (kvtier_layout_unsupported): vLLM recomputes
+            self._load_errors.update(plan.block_ids)
+            self._failed_reqs.add(plan.req_id)
+            return
         if plan.source:
             loader = self.remotes.loader(plan.source, self._layout, self.worker_id)
             if loader is None:  # past the remote tiers kept: recomputed
