@@ -123,9 +123,9 @@ def test_links_and_paths_in_readme_and_docs_resolve() -> None:
                 assert resolved.suffix == ".md" and anchor in _anchors(resolved), f"{doc.name} links to {target}#{anchor}"
 
 
-def _readme_splitserve_lines() -> list[list[str]]:
+def _readme_splitserve_lines(doc: Path = README) -> list[list[str]]:
     lines = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.split(" #", 1)[0].strip().removeprefix(".venv/bin/").rstrip("&").strip()
             if line.startswith("splitserve "):
@@ -133,16 +133,17 @@ def _readme_splitserve_lines() -> list[list[str]]:
     return lines
 
 
-def test_readme_commands_parse_engine_arguments_included() -> None:
-    """Every `splitserve` line of README parses with the real CLI; what `up` and `worker` hand to vLLM (and each
+@pytest.mark.parametrize("doc", [README, DOCS / "gpus.md"], ids=lambda d: d.name)
+def test_readme_commands_parse_engine_arguments_included(doc: Path) -> None:
+    """Every `splitserve` line of README (and docs/gpus.md) parses with the real CLI; what `up` and `worker` hand to vLLM (and each
     pool's --prefill-args/--decode-args) parses with vLLM's own parser, as the commands do before starting."""
     from services.worker.engines.vllm.engine_args import parse_engine_args
 
     commands = _commands()
-    lines = _readme_splitserve_lines()
-    assert {args[0] for args in lines} >= {"up", "worker", "model"}
+    lines = _readme_splitserve_lines(doc)
+    assert {args[0] for args in lines} >= ({"up", "worker", "model"} if doc == README else {"up", "worker"})
     for args in lines:
-        where = f"README.md: splitserve {' '.join(args)}"
+        where = f"{doc.name}: splitserve {' '.join(args)}"
         command = commands[args[0]]
         if hasattr(command, "commands") and not _runs_alone(command, args[1:]):
             command, args = command.commands[args[1]], args[1:]
