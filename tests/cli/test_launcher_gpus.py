@@ -12,7 +12,14 @@ from cli.ports import free_port
 
 
 def test_control_plane_children_see_no_gpu(monkeypatch, tmp_path) -> None:
+    from cli.logs import configure_logging
     from tests.harness.graph import tiny_model_dir
+
+    import structlog
+
+    # To this test's stderr: structlog caches a logger on first use, and an earlier CliRunner's stream is closed.
+    configure_logging("warning")
+    monkeypatch.setattr(cli.launcher, "log", structlog.get_logger("cli.launcher"))
 
     real_popen = subprocess.Popen
     spawned: list[tuple[str, dict[str, str]]] = []
