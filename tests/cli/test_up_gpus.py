@@ -18,9 +18,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 @pytest.fixture()
 def launched(monkeypatch):
+    import cli.cmd_up
     import cli.launcher
 
     specs: list[GraphSpec] = []
+    # Logging stays as it is: `up` would point it at CliRunner's stream, closed after each call.
+    monkeypatch.setattr(cli.cmd_up, "configure_logging", lambda *args, **kwargs: None)
     monkeypatch.setattr(cli.launcher, "launch", lambda spec: specs.append(spec) or 0)
     monkeypatch.setattr(cli.gpus, "listed_gpus", lambda: tuple(range(8)))  # as `nvidia-smi -L` on an 8-GPU host
     return specs
