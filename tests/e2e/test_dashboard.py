@@ -21,7 +21,7 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_dashboard_shows_workers_and_latencies(mock_pd: Graph, tmp_path) -> None:
     # Chromium installs from Debian's packages on every machine here (.ci/run does it): missing is breakage.
-    assert CHROMIUM is not None, "chromium is not installed: apt-get install chromium (.ci/run installs it)"
+    assert CHROMIUM is not None, "chromium is not installed: apt-get install chromium (make test installs it: scripts/test_deps.sh)"
     for _ in range(3):
         client(mock_pd).completions.create(model=MODEL, prompt=list(range(20, 700)), max_tokens=4)
     dom = _chromium(tmp_path, "--dump-dom", mock_pd.url + "/dashboard").stdout
