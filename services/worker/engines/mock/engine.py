@@ -80,7 +80,6 @@ class MockEngine:
         self._nixl = None if not config.nixl else NixlTransfers(
             config.engine_id, self._blocks, config.kv_bytes_per_token * config.block_size, self._transfers,
             hold_s=config.nixl_hold_s, xfer_timeout_s=config.nixl_timeout_s)
-        self._pulls: dict[str, asyncio.Task[None]] = {}  # request id -> its NIXL pull (config.nixl)
         self._tier_loads = TierLoadLog(simulated=self.simulated_transfers)
         self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
@@ -196,10 +195,6 @@ class MockEngine:
         self._fail(EngineError("mock engine shut down"))
         if self._tier is not None:
             await self._tier.close()
-        pulls, self._pulls = list(self._pulls.values()), {}
-        for pull in pulls:
-            pull.cancel()
-        await asyncio.gather(*pulls, return_exceptions=True)
         if self._nixl is not None:
             await self._nixl.close()
 
@@ -350,7 +345,8 @@ class MockEngine:
         kv = live.request.kv_transfer if live is not None else None
         if self._nixl is not None and kv is not None and not load.onboard:
             # Real bytes: a READ on the NIXL thread, off this step (its real seconds are what it costs).
-            self._pulls[load.seq_id] = loop.create_task(self._pull(load, live.request.token_ids[:-1], kv))
+            self._nixl.start_pull(load.seq_id, live.request.token_ids[:-1], load.block_ids, load.num_tokens, kv,
+                                  self._pull_done)
             return 0.0
         src_worker_id = kv.remote_engine_id if kv is not None and not load.onboard else ""
         handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard,
@@ -378,23 +374,13 @@ class MockEngine:
             log.exception("mock engine transfer completion failed", request_id=seq_id)
             self._fail(exc)
 
-    async def _pull(self, load: KvLoad, prompt_ids: tuple[int, ...], kv: KvTransferParams) -> None:
-        assert self._nixl is not None
-        try:
-            ok = await self._nixl.pull(prompt_ids, load.block_ids, load.num_tokens, kv)
-            if ok:
-                self._scheduler.finish_load(load.seq_id)
-            elif self._scheduler.fail_load(load.seq_id):
-                live = self._live.get(load.seq_id)
-                if live is not None:
-                    live.transfer_failed = True
-            self._wakeup.set()
-        except Exception as exc:
-            log.exception("mock engine NIXL pull failed", request_id=load.seq_id)
-            self._fail(exc)
-        finally:
-            if self._pulls.get(load.seq_id) is asyncio.current_task():
-                del self._pulls[load.seq_id]
+    def _pull_done(self, seq_id: str, ok: bool) -> None:
+        """A NIXL pull ended: the KV is here and checked, or the prompt is recomputed here."""
+        if ok:
+            self._scheduler.finish_load(seq_id)
+        elif self._scheduler.fail_load(seq_id) and (live := self._live.get(seq_id)) is not None:
+            live.transfer_failed = True
+        self._wakeup.set()
 
     def _fail(self, exc: BaseException) -> None:
         """Forward ``exc`` to every waiting request; later requests are refused."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -43,6 +43,7 @@ class NixlTransfers:
         self._num_holds = 0
         self._held_changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._pulls: dict[str, asyncio.Task[None]] = {}  # request id -> its pull, until done
         self.num_failures = 0
         self.num_expired = 0
 
@@ -98,6 +99,23 @@ class NixlTransfers:
 
     # --------------------------------------------------------------------------------------------- decode
 
+    def start_pull(self, seq_id: str, prompt_ids: Sequence[int], block_ids: Sequence[int], num_load_tokens: int,
+                   kv: KvTransferParams, done: Callable[[str, bool], None]) -> None:
+        """``pull`` as a task; ``done(seq_id, intact)`` when it ends (an engine's failure in it is logged: the
+        sequence is then recomputed)."""
+        async def run() -> None:
+            ok = False
+            try:
+                ok = await self.pull(prompt_ids, block_ids, num_load_tokens, kv)
+            except Exception:
+                log.exception("mock_nixl_pull_crashed", request_id=seq_id)
+            finally:
+                if self._pulls.get(seq_id) is asyncio.current_task():
+                    del self._pulls[seq_id]
+            done(seq_id, ok)
+
+        self._pulls[seq_id] = asyncio.get_running_loop().create_task(run(), name=f"mock-nixl-pull-{seq_id}")
+
     async def pull(self, prompt_ids: Sequence[int], block_ids: Sequence[int], num_load_tokens: int,
                    kv: KvTransferParams) -> bool:
         """READ the last ``num_load_tokens`` tokens' blocks of ``prompt_ids`` into ``block_ids`` (the sequence's
@@ -134,6 +152,10 @@ class NixlTransfers:
         return ok
 
     async def close(self) -> None:
+        pulls, self._pulls = list(self._pulls.values()), {}
+        for pull in pulls:
+            pull.cancel()
+        await asyncio.gather(*pulls, return_exceptions=True)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
