@@ -164,3 +164,17 @@ async def test_a_peer_gone_before_the_read_recomputes_and_frees(pair) -> None:
 def test_nixl_refuses_push() -> None:
     with pytest.raises(ValueError, match="pull"):
         MockEngine(_config("x", kv_transfer="push"))
+
+
+async def test_a_prefill_engine_without_a_region_is_refused_and_the_prompt_recomputed(pair) -> None:
+    _, decode = pair
+    plain = MockEngine(_config("plain", nixl=False))
+    await plain.start()
+    try:
+        first = (await _run(plain, _req("sim", PROMPT, 1, prefill_only=True)))[-1]
+        assert first.kv_transfer is not None and not first.kv_transfer.nixl_metadata
+        outs = await _run(decode, _req("sim", PROMPT + first.token_ids, 4, kv_transfer=first.kv_transfer))
+        assert outs[0].transfer_failed and outs[-1].finish_reason == "length"
+        assert decode.counters().num_transfers == 0  # nothing simulated slipped into the real log
+    finally:
+        await plain.shutdown()
