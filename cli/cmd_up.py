@@ -30,6 +30,7 @@ from cli.options import (
     LogLevel,
     SERVED_NAME_HELP,
     kv_transfer_checked,
+    mock_kv_bytes_per_token,
     kv_transfer_option,
     resolved_model,
     served_names,
@@ -82,6 +83,10 @@ def up(
                                        "engine_start_s, to compare scaling with switching)", rich_help_panel=ENGINE),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock workers' timing from this profile JSON",
                                                 rich_help_panel=ENGINE),
+    mock_nixl: bool = typer.Option(False, help="Mock: workers move real bytes with NIXL (pull; else simulated)",
+                                   rich_help_panel=ENGINE),
+    mock_block_bytes: Optional[int] = typer.Option(None, help="Mock: KV bytes of one block (a multiple of "
+                                                   "--block-size)", rich_help_panel=ENGINE),
     # Pools
     gpus: Optional[str] = typer.Option(None, help="vLLM: GPUs for the engines, 0-7 | 0,1,3 | all; each engine gets "
                                        "its tensor x pipeline parallel devices, engines that share one split its "
@@ -182,7 +187,11 @@ def up(
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
     if kv_transfer is not None:
         kv_transfer_checked(kv_transfer)
-    kv_transfer = up_kv_transfer(kv_transfer)
+    if mock_nixl and kv_transfer == "push":
+        raise typer.BadParameter("--mock-nixl moves KV by READ (pull) only", param_hint="--kv-transfer")
+    kv_transfer = "pull" if mock_nixl else up_kv_transfer(kv_transfer)
+    if mock_block_bytes is not None:
+        mock_kv_bytes_per_token(mock_block_bytes, block_size)  # a bad value: its one-line error now
     if curve and curve_dir is not None:
         raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     engine_args = tuple(a for a in ctx.args if a != "--")
@@ -221,6 +230,7 @@ def up(
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
                      local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
                      mock_speedup=mock_speedup, mock_profile=mock_profile, mock_start_s=mock_start_s,
+                     mock_nixl=mock_nixl, mock_block_bytes=mock_block_bytes,
                      kvtier=not no_kvtier,
                      host_cache_gb=host_cache_gb, disk_cache_gb=disk_cache_gb, disk_cache_dir=disk_cache_dir,
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, kv_transfer=kv_transfer, host=host,

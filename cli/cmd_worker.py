@@ -24,6 +24,7 @@ from cli.options import (
     curve_key_dir,
     default_node,
     kv_transfer_checked,
+    mock_kv_bytes_per_token,
     reexec_with_engine_env,
     resolved_model,
     served_names,
@@ -65,6 +66,13 @@ def worker(
     mock_speedup: float = typer.Option(1.0, help="Mock timing divided by this; inf = no delay"),
     mock_profile: Optional[Path] = typer.Option(None, help="Mock timing fitted from this `splitserve profile` JSON"),
     mock_start_s: float = typer.Option(0.0, help="Mock: seconds its engine takes to start (as a real one loads)"),
+    mock_nixl: bool = typer.Option(False, help="Mock: move real bytes with NIXL (a registered host region of "
+                                   "--num-blocks x block bytes; decode READs and checks them; pull only). "
+                                   "Without it the mock's transfers are simulated"),
+    mock_block_bytes: Optional[int] = typer.Option(None, help="Mock: KV bytes of one block, a multiple of "
+                                                   "--block-size (default 36,864 per token: a ~100M bf16 model)"),
+    mock_nixl_hold_s: float = typer.Option(30.0, help="Mock with --mock-nixl: seconds a prefill holds a prompt's "
+                                           "blocks for a decode worker that never reads them"),
     kvtier: str = typer.Option("", "--kvtier", envvar="SPLITSERVE_KVTIER",
                                help="This node's kvtier (one per node): offload KV blocks there and onboard "
                                "prefixes from it (vLLM: through our KV connector, "
@@ -142,6 +150,9 @@ def worker(
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
     kv_transfer_checked(kv_transfer)
+    if mock_nixl and kv_transfer != "pull":
+        raise typer.BadParameter("--mock-nixl moves KV by READ (pull) only", param_hint="--kv-transfer")
+    kv_bytes_per_token = mock_kv_bytes_per_token(mock_block_bytes, block_size)
     from common.addresses import (
         advertise_host,
         check_bind_advertise,
@@ -201,7 +212,8 @@ def worker(
             other_eos_token_ids=tuple(info.eos_token_ids[1:]),
             hash_seed=seed, timing=timing, engine_id=wid,
             tier=_tier_client(kvtier, wid, own_transport.curve, model_id=seed),
-            tier_write_through=bool(kvtier_write_through), start_s=mock_start_s, kv_transfer=kv_transfer))
+            tier_write_through=bool(kvtier_write_through), start_s=mock_start_s, kv_transfer=kv_transfer,
+            kv_bytes_per_token=kv_bytes_per_token, nixl=mock_nixl, nixl_hold_s=mock_nixl_hold_s))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
         from services.worker.engines.vllm.engine import VllmEngine

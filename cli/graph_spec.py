@@ -62,6 +62,8 @@ class GraphSpec:
     mock_speedup: float = 1.0
     mock_profile: Path | None = None  # mock timing from a `splitserve profile` JSON
     mock_start_s: float = 0.0  # seconds a mock engine takes to start
+    mock_nixl: bool = False  # mock workers move real bytes with NIXL (pull)
+    mock_block_bytes: int | None = None  # mock KV bytes per block (None: the mock's 36,864 per token)
     # The shared KV tier (kvtier): mock workers offload evicted blocks to it and onboard prefixes from it.
     kvtier: bool = True
     host_cache_gb: float = 1.0
@@ -134,7 +136,7 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
     vLLM's `auto` keeps a 16-bit model's dtype and runs a float32 model (the tiny one) in bf16 on CPU, fp16/bf16
     on GPU (vLLM 0.32, ModelConfig's auto dtype)."""
     if spec.engine == "mock":
-        return 36864 * spec.block_size
+        return spec.mock_block_bytes or 36864 * spec.block_size
     from common.tiny_model import validate_model_dir
     from services.worker.engines.vllm.dtype import resolved_dtype
 
@@ -156,6 +158,10 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--mock-profile", str(spec.mock_profile)]
     if spec.mock_start_s:
         cmd += ["--mock-start-s", str(spec.mock_start_s)]
+    if spec.mock_nixl:
+        cmd += ["--mock-nixl"]
+    if spec.mock_block_bytes:
+        cmd += ["--mock-block-bytes", str(spec.mock_block_bytes)]
     if kvtier:
         cmd += ["--kvtier", kvtier]
     if spec.switchable is not None:

@@ -34,6 +34,20 @@ def kv_transfer_option(default: str | None, default_help: str = ""):
 KvTransfer = kv_transfer_option(DEFAULT_KV_TRANSFER)
 
 
+# The mock engine's KV bytes per token unless told (services/worker/engines/mock/config.py: ~100M model, bf16).
+MOCK_KV_BYTES_PER_TOKEN = 36864
+
+
+def mock_kv_bytes_per_token(block_bytes: int | None, block_size: int) -> int:
+    """``--mock-block-bytes`` as the engine's per-token figure (one number sizes blocks, transfers and pricing)."""
+    if block_bytes is None:
+        return MOCK_KV_BYTES_PER_TOKEN
+    if block_bytes <= 0 or block_bytes % block_size:
+        raise typer.BadParameter(f"must be a positive multiple of --block-size {block_size}, not {block_bytes}",
+                                 param_hint="--mock-block-bytes")
+    return block_bytes // block_size
+
+
 def kv_transfer_checked(mode: str) -> str:
     if mode not in KV_TRANSFER_MODES:
         raise typer.BadParameter(f"must be one of {', '.join(KV_TRANSFER_MODES)}, not {mode!r}",

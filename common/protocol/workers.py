@@ -70,6 +70,14 @@ class KvTransferParams(msgspec.Struct, frozen=True, omit_defaults=True):
     # The prefill engine's transfer mode; a decode engine of the other mode refuses the request (the two vLLM
     # connectors cannot talk to each other).
     mode: KvTransferMode = "pull"
+    # The mock engine with real bytes (`--mock-nixl`; services/worker/engines/mock/nixl_kv.py): the prefill engine's
+    # NIXL agent metadata (what the decode engine's agent adds, ~0.5 KB), the address of its registered KV region and
+    # one block's bytes there (block b at nixl_base_addr + b * nixl_block_bytes). The decode engine READs
+    # remote_block_ids and notifies remote_request_id, the prefill engine's name for the held blocks, when done.
+    # Empty/0 from engines that move no mock bytes (vLLM's own connector has its side channel instead).
+    nixl_metadata: bytes = b""
+    nixl_base_addr: int = 0
+    nixl_block_bytes: int = 0
 
 
 class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):

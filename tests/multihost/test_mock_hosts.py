@@ -194,3 +194,38 @@ def test_host_d_partitioned_mid_stream_its_requests_migrate_and_it_rejoins_clean
         assert out.usage.completion_tokens == 5
     assert cl.stats()["decode-d"].num_transfers > pulls_before
     assert wait_until(lambda: all_blocks_free(cl, ["prefill-b", "decode-c", "decode-d"]), timeout_s=30)
+
+
+NIXL_BLOCK_BYTES = 65536  # --mock-block-bytes: a 256-block region of 16 MiB per worker
+
+
+def test_mock_nixl_moves_the_kv_bytes_over_the_decode_hosts_link(make_hosts, tmp_path: Path) -> None:
+    """With --mock-nixl the decode host's link carries at least every KV byte the decode worker says it pulled (UCX
+    picks TCP between these hosts: separate network, PID and IPC namespaces), each block checked on arrival."""
+    hosts = make_hosts(3)
+    a, b, c = hosts
+    cl = Cluster(hosts, tmp_path, tiny_model_dir())
+    try:
+        cl.router(a, "--policy", "round-robin")
+        cl.frontend(a)
+        mock = ["--engine", "mock", "--mock-speedup", "50", "--num-blocks", "256", "--mock-nixl",
+                "--mock-block-bytes", str(NIXL_BLOCK_BYTES)]
+        cl.worker(b, "prefill", "prefill-b", *mock)
+        cl.worker(c, "decode", "decode-c", *mock)
+        cl.wait_ready(num_prefill=1, num_decode=1)
+        lengths = (700, 1200, 333)
+        rx_before = c.link_bytes()[0]
+        for salt, n in enumerate(lengths):
+            out = cl.client().completions.create(model=MODEL, prompt=prompt(n, 60 + salt), max_tokens=5)
+            assert out.usage.completion_tokens == 5
+        rx_bytes = c.link_bytes()[0] - rx_before
+        decode = cl.stats()["decode-c"]
+        pulled = [t.num_bytes for t in decode.recent_transfers]
+        assert pulled == [-(-n // 32) * NIXL_BLOCK_BYTES for n in lengths], cl.logs()
+        assert not any(t.simulated for t in decode.recent_transfers) and decode.num_transfer_failures == 0
+        assert all(t.src_worker_id == "prefill-b" for t in decode.recent_transfers)
+        print(f"mock-nixl: decode pulled {sum(pulled)} B, host C's link received {rx_bytes} B")
+        assert rx_bytes >= sum(pulled)
+        assert wait_until(lambda: all_blocks_free(cl, ["prefill-b", "decode-c"]), timeout_s=20)
+    finally:
+        cl.stop()

@@ -10,7 +10,7 @@ as a KV event for the worker to publish.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from common.hashing import block_hashes, extend_block_hashes
@@ -169,7 +169,22 @@ class BlockManager:
         if table is None:
             return False
         # Tail first, so the LRU evicts a sequence's last blocks (the least shared) before its first ones.
-        for block_id in reversed(table.block_ids):
+        self.unpin(reversed(table.block_ids))
+        return True
+
+    def pin(self, block_ids: Sequence[int]) -> None:
+        """One more reference to each block, whoever holds it (none: it leaves the free or evictable list): KV
+        that must outlive its sequence (a prefill's blocks until a decode engine has READ them, a decode's under a
+        READ still landing). ``unpin`` drops it."""
+        for block_id in block_ids:
+            if self._ref_counts[block_id] == 0 and self._block_hash[block_id] is None:
+                self._free.remove(block_id)
+                self._ref_counts[block_id] = 1
+            else:
+                self._share(block_id)
+
+    def unpin(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] > 0:
                 continue
@@ -177,7 +192,6 @@ class BlockManager:
                 self._free.append(block_id)
             else:
                 self._evictable[block_id] = None
-        return True
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the previous call, oldest first."""

@@ -47,3 +47,10 @@ class MockEngineConfig:
     # its step, so the step that starts it lasts the transfer's time longer (every sequence in it waits);
     # "push", the prefill engine WRITEs it, off the decode engine's steps (only the request itself waits).
     kv_transfer: KvTransferMode = DEFAULT_KV_TRANSFER
+    # Real bytes (--mock-nixl): a NIXL-registered host region of num_blocks * kv_bytes_per_token * block_size
+    # bytes; prefill blocks hold their content keys' bytes, decode engines READ and check them (pull only).
+    nixl: bool = False
+    # Seconds a prefill engine holds a prompt's blocks for a decode engine that never READs them (gone, cut off).
+    nixl_hold_s: float = 30.0
+    # Seconds a READ may take before it counts as failed (the prompt is then recomputed).
+    nixl_timeout_s: float = 10.0

@@ -27,6 +27,7 @@ from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, 
 from services.worker.engines.mock.admission import seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
+from services.worker.engines.mock.nixl_transfers import NixlTransfers
 from services.worker.engines.mock.sampling import check_supported, next_token
 from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
 from services.worker.engines.mock.tier import Onboard, TierLink
@@ -45,16 +46,21 @@ class _Live:
     queue: asyncio.Queue[EngineOutput | BaseException]
     num_cached_tokens: int = 0
     emitted: bool = False
+    # Its KV pull failed (--mock-nixl) and the prompt is recomputed here: its first output says so.
+    transfer_failed: bool = False
 
 
 class MockEngine:
     # Its KV transfers and tier moves are timed by the timing model, not made: the worker exports their bytes
-    # apart from wire bytes, and each sample says so (the router learns nothing from them).
+    # apart from wire bytes, and each sample says so (the router learns nothing from them). With config.nixl
+    # (--mock-nixl) its P/D transfers are real NIXL READs of real bytes (nixl_transfers.py); tier moves stay made up.
     simulated_transfers = True
 
     def __init__(self, config: MockEngineConfig) -> None:
         if config.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got {config.vocab_size}")
+        if config.nixl and config.kv_transfer != "pull":
+            raise ValueError("the mock engine moves real bytes (nixl) by READ only: kv_transfer must be pull")
         self.config = config
         self.block_size = config.block_size
         self.num_blocks = config.num_blocks
@@ -69,7 +75,11 @@ class MockEngine:
         self._failure: BaseException | None = None
         self._closed = False
         self._num_prefix_hits = 0
+        self.simulated_transfers = not config.nixl
         self._transfers = TransferLog(simulated=self.simulated_transfers)
+        self._nixl = None if not config.nixl else NixlTransfers(
+            config.engine_id, self._blocks, config.kv_bytes_per_token * config.block_size, self._transfers,
+            hold_s=config.nixl_hold_s, xfer_timeout_s=config.nixl_timeout_s)
         self._tier_loads = TierLoadLog(simulated=self.simulated_transfers)
         self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
@@ -91,6 +101,8 @@ class MockEngine:
         if self._task is None:
             if self.config.start_s > 0:
                 await asyncio.sleep(self.config.start_s)
+            if self._nixl is not None:
+                await self._nixl.start()
             self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="mock-engine-steps")
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
@@ -162,7 +174,9 @@ class MockEngine:
         return EngineCounters(
             num_prefix_hits=self._num_prefix_hits,
             num_transfers=self._transfers.num_transfers,
+            num_transfer_failures=0 if self._nixl is None else self._nixl.num_failures,
             num_transfer_bytes=self._transfers.num_bytes,
+            num_transfer_descriptors=self._transfers.num_descriptors,
             transfer_seconds=self._transfers.drain_seconds(),
             transfer_seconds_total=self._transfers.seconds_total,
             recent_transfers=self._transfers.recent(),
@@ -181,6 +195,8 @@ class MockEngine:
         self._fail(EngineError("mock engine shut down"))
         if self._tier is not None:
             await self._tier.close()
+        if self._nixl is not None:
+            await self._nixl.close()
 
     # ------------------------------------------------------------------------------------------- extras
 
@@ -300,6 +316,10 @@ class MockEngine:
                     num_bytes=len(live.request.token_ids) * self.config.kv_bytes_per_token,
                     mode=self.config.kv_transfer,
                 )
+                if self._nixl is not None:
+                    kv_transfer = self._nixl.hold(output.seq_id, live.request.token_ids, output.block_ids,
+                                                  kv_transfer)
+        transfer_failed, live.transfer_failed = live.transfer_failed, False
         live.queue.put_nowait(
             EngineOutput(
                 request_id=output.seq_id,
@@ -308,6 +328,7 @@ class MockEngine:
                 num_prompt_tokens=len(live.request.token_ids),
                 num_cached_tokens=output.num_cached_tokens,
                 kv_transfer=kv_transfer,
+                transfer_failed=transfer_failed,
                 logprobs=logprobs,
             )
         )
@@ -322,6 +343,11 @@ class MockEngine:
         loop = asyncio.get_running_loop()
         live = self._live.get(load.seq_id)
         kv = live.request.kv_transfer if live is not None else None
+        if self._nixl is not None and kv is not None and not load.onboard:
+            # Real bytes: a READ on the NIXL thread, off this step (its real seconds are what it costs).
+            self._nixl.start_pull(load.seq_id, live.request.token_ids[:-1], load.block_ids, load.num_tokens, kv,
+                                  self._pull_done)
+            return 0.0
         src_worker_id = kv.remote_engine_id if kv is not None and not load.onboard else ""
         handle = loop.call_later(transfer_s, self._finish_load, load.seq_id, num_bytes, transfer_s, load.onboard,
                                  src_worker_id)
@@ -347,6 +373,14 @@ class MockEngine:
         except Exception as exc:
             log.exception("mock engine transfer completion failed", request_id=seq_id)
             self._fail(exc)
+
+    def _pull_done(self, seq_id: str, ok: bool) -> None:
+        """A NIXL pull ended: the KV is here and checked, or the prompt is recomputed here."""
+        if ok:
+            self._scheduler.finish_load(seq_id)
+        elif self._scheduler.fail_load(seq_id) and (live := self._live.get(seq_id)) is not None:
+            live.transfer_failed = True
+        self._wakeup.set()
 
     def _fail(self, exc: BaseException) -> None:
         """Forward ``exc`` to every waiting request; later requests are refused."""

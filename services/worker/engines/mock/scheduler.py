@@ -207,6 +207,15 @@ class Scheduler:
         self._running.append(seq)
         return True
 
+    def fail_load(self, seq_id: str) -> bool:
+        """A loading sequence's KV did not arrive (intact): free its blocks, recompute its prompt here (at the head
+        of the queue, as a preempted one). False if not loading."""
+        seq = self._loading.pop(seq_id, None)
+        if seq is None:
+            return False
+        self._preempt(seq)
+        return True
+
     # ----------------------------------------------------------------------------------------- schedule
 
     def schedule(self) -> StepPlan:
