@@ -16,8 +16,9 @@ import msgspec
 import orjson
 import structlog
 
-from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
+from common.errors import ModelError, NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.chat_render import ChatRenderError
 from services.frontend.choice_text import ChoiceText
 from services.frontend.choices import Choices
 from services.frontend.context import (
@@ -37,6 +38,7 @@ from services.frontend.openai_api import (
     CompletionRequest,
     check_template_kwargs,
     completion_prompt,
+    message_chars,
     message_dicts,
     parse_chat,
     parse_completion,
@@ -84,12 +86,18 @@ class FrontendConfig:
     metrics_host: str = "127.0.0.1"
     # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
     max_inflight_requests: int = 4096
+    # vLLM's OpenAI-server options: a chat template's text over the model's own; vLLM's tool-call and
+    # reasoning parsers by name (tool_stream.py); "auto" tool choice only with the flag when a parser is named.
+    chat_template: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 class FrontendService:
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
-        self.tokenizer = ModelTokenizer(config.model_dir)
+        self.tokenizer = ModelTokenizer(config.model_dir, config.chat_template)
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
@@ -244,14 +252,19 @@ class FrontendService:
         body = self._served(body or parse_chat(req.body))
         tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, self._tool_parser)
         messages = message_dicts(body.messages)
-        num_chars = sum(len(m["content"]) for m in messages)
+        num_chars = message_chars(messages)
         self._check_prompt_chars(num_chars, "messages")
         template_tools = tools.template_tools() if tools else None
         template_kwargs = check_template_kwargs(body.chat_template_kwargs)
+        if body.add_generation_prompt and body.continue_final_message:
+            raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                           param="continue_final_message")
         try:
             prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(
-                messages, tools=template_tools, template_kwargs=template_kwargs), num_chars)
-        except Exception as exc:
+                messages, add_generation_prompt=body.add_generation_prompt, tools=template_tools,
+                template_kwargs=template_kwargs, continue_final_message=body.continue_final_message),
+                num_chars)
+        except (ChatRenderError, ModelError) as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if requested is not None and requested < 1:
