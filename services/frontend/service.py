@@ -354,7 +354,7 @@ class FrontendService:
         continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
         include_usage = bool(body.stream_options and body.stream_options.include_usage
                              or getattr(shape, "always_usage", False))
-        choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
+        choices = [ChoiceText(self.tokenizer.decoder(token_ids), None if sampling.logprobs is None else
                            LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
         num_output = 0
         num_cached = -1

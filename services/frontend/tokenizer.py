@@ -113,8 +113,8 @@ class ModelTokenizer:
                                   variables={**self._special, **(template_kwargs or {})})
         return ChatPrompt(text=text, token_ids=self.encode(text))
 
-    def decoder(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer)
+    def decoder(self, prompt_ids: tuple[int, ...] | list[int] = ()) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, prompt_ids)
 
 
 def _model_template(model_dir: Path, tok_config: dict[str, Any]) -> str | None:
@@ -133,17 +133,26 @@ class IncrementalDetokenizer:
     held back until it is decided.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: tuple[int, ...] | list[int] = ()) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        # Primed with the prompt, as vLLM's detokenizer is: the first output token decodes in the prompt's
+        # context (a word's leading space, bytes of a character the prompt began).
+        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
         self._pending = ""  # decoded but held back: could be the start of a stop string
 
     def feed(self, token_ids: tuple[int, ...] | list[int], stop: tuple[str, ...] = ()) -> StepText:
-        step = self._stream.step
         tok = self._tokenizer
         parts = [self._pending]
         for token_id in token_ids:
-            piece = step(tok, token_id)
+            try:
+                piece = self._stream.step(tok, token_id)
+            except Exception as exc:
+                if not str(exc).startswith(_INVALID_PREFIX):
+                    raise
+                # The tokenizer's output went non-monotonic (invalid UTF-8 joins): start a fresh stream at this
+                # token, as vLLM recovers.
+                self._stream = DecodeStream(skip_special_tokens=True)
+                piece = self._stream.step(tok, token_id)
             if piece:
                 parts.append(piece)
         text = "".join(parts)
@@ -163,6 +172,9 @@ class IncrementalDetokenizer:
         """Text held back for a stop string that never completed."""
         text, self._pending = self._pending, ""
         return text
+
+
+_INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream error (vLLM matches the same text)
 
 
 @dataclass(frozen=True, slots=True)

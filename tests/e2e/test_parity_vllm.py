@@ -108,6 +108,10 @@ def _cases() -> dict[str, tuple[str, dict]]:
 
 
 CASES = _cases()
+# Differences held on purpose, asserted as they are so that a change on either side shows: name -> why.
+KNOWN_DIFFERENCES = {
+    "completion-n2": "vLLM refuses n > 1 under greedy sampling (400); splitserve answers n equal choices",
+}
 
 
 @pytest.fixture(scope="module")
@@ -180,5 +184,8 @@ def test_same_answer_as_vllm_serve(servers, client: httpx.Client, name: str) -> 
     reference_url, splitserve_url = servers
     expected = ask(client, reference_url, path, body)
     got = ask(client, splitserve_url, path, body)
+    if name in KNOWN_DIFFERENCES:
+        assert (expected["status"], got["status"]) == (400, 200), KNOWN_DIFFERENCES[name]
+        return
     assert expected["status"] == 200, f"vLLM refused {name}: {expected}"
     assert got == expected
