@@ -1,8 +1,8 @@
-"""Parity with `vllm serve`: vLLM's own OpenAI server and `splitserve up --aggregated 1` on the same tiny model
-(fp32, greedy), the same tool-rendering chat template and vLLM's hermes tool-call parser, sent the same requests
+"""Parity with `vllm serve`: vLLM's own OpenAI server and `splitserve up` (aggregated, then 1 prefill + 1 decode)
+on the same tiny model (fp32, greedy), the same tool-rendering chat template and vLLM's hermes tool-call parser, sent the same requests
 one at a time: every answer must be equal (prompt and completion token counts, text, finish_reason, tool calls).
 
-Both servers start once for the module, side by side on the two cores (vLLM's pinned to the last one). Cases
+vLLM's server starts once for the module, each graph once, beside it (vLLM's pinned to the last core). Cases
 cover plain chat, unicode, multi-turn, tools (auto / none / a call and its reply in the history), content
 parts, developer messages, add_generation_prompt / continue_final_message, chat_template_kwargs, completions,
 stop strings, penalties, top_k / min_p, min_tokens, n, and streaming.
@@ -114,24 +114,38 @@ KNOWN_DIFFERENCES = {
 }
 
 
+# 1 prefill + 1 decode beside vLLM's server: three engines on two cores, so a third of the cases (every
+# kind among them) rather than all; every prompt is prefilled remotely (--local-prefill-max-tokens 1).
+PD_CASES = [name for i, name in enumerate(CASES) if i % 3 == 0 or name.startswith(("tool", "stream"))]
+GRAPHS = {"aggregated": ("--aggregated", "1"),
+          "pd": ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "1")}
+
+
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """(vLLM's server URL, splitserve's URL), both started once and side by side."""
-    log_dir = tmp_path_factory.mktemp("parity")
-    template = write_tools_template(log_dir)
+def log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("parity")
+
+
+@pytest.fixture(scope="module")
+def reference(log_dir):
+    """vLLM's own server, started once (and not waited for here: a graph starts beside it)."""
     cores = sorted(os.sched_getaffinity(0))
-    reference = start_vllm_server(log_dir, tiny_model_dir(), "--chat-template", str(template), *PARSER_ARGS,
-                                  core=cores[-1], served_name=MODEL)
-    graph = None
+    server = start_vllm_server(log_dir, tiny_model_dir(), "--chat-template", str(write_tools_template(log_dir)),
+                               *PARSER_ARGS, core=cores[-1], served_name=MODEL)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(request, reference, log_dir):
+    """(vLLM's server URL, splitserve's URL) for the graph kind in request.param, started once per kind."""
+    graph = start_graph(log_dir, "--engine", "vllm", "--dtype", "float32", *GRAPHS[request.param],
+                        "--chat-template", str(log_dir / "tools.jinja"), *PARSER_ARGS)
     try:
-        graph = start_graph(log_dir, "--engine", "vllm", "--dtype", "float32", "--aggregated", "1",
-                            "--chat-template", str(template), *PARSER_ARGS)
         reference.wait_ready()
         yield reference.url, graph.url
     finally:
-        if graph is not None:
-            graph.stop()
-        reference.stop()
+        graph.stop()
 
 
 def ask(client: httpx.Client, url: str, path: str, body: dict) -> dict:
@@ -178,7 +192,8 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize(("servers", "name"), [*(("aggregated", n) for n in CASES), *(("pd", n) for n in PD_CASES)],
+                         indirect=["servers"])
 def test_same_answer_as_vllm_serve(servers, client: httpx.Client, name: str) -> None:
     path, body = CASES[name]
     reference_url, splitserve_url = servers
