@@ -193,7 +193,7 @@ def client():
 
 
 @pytest.mark.parametrize(("servers", "name"), [*(("aggregated", n) for n in CASES), *(("pd", n) for n in PD_CASES)],
-                         indirect=["servers"])
+                         indirect=["servers"], scope="module")  # else one graph per case (pytest's rule)
 def test_same_answer_as_vllm_serve(servers, client: httpx.Client, name: str) -> None:
     path, body = CASES[name]
     reference_url, splitserve_url = servers
