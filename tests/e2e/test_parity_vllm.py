@@ -136,16 +136,32 @@ def reference(log_dir):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def servers(request, reference, log_dir):
-    """(vLLM's server URL, splitserve's URL) for the graph kind in request.param, started once per kind."""
-    graph = start_graph(log_dir, "--engine", "vllm", "--dtype", "float32", *GRAPHS[request.param],
+def _graph(log_dir, reference, kind: str):
+    graph = start_graph(log_dir, "--engine", "vllm", "--dtype", "float32", *GRAPHS[kind],
                         "--chat-template", str(log_dir / "tools.jinja"), *PARSER_ARGS)
-    try:
-        reference.wait_ready()
-        yield reference.url, graph.url
-    finally:
-        graph.stop()
+    reference.wait_ready()
+    return graph
+
+
+_GRAPHS_UP: list = []  # graphs of this module still running (the P/D fixture stops the aggregated one)
+
+
+@pytest.fixture(scope="module")
+def aggregated(reference, log_dir):
+    graph = _graph(log_dir, reference, "aggregated")
+    _GRAPHS_UP.append(graph)
+    yield graph
+    graph.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(reference, log_dir):
+    # The aggregated cases ran first (test order): its engine's core goes to the P/D pair.
+    while _GRAPHS_UP:
+        _GRAPHS_UP.pop().stop()
+    graph = _graph(log_dir, reference, "pd")
+    yield graph
+    graph.stop()
 
 
 def ask(client: httpx.Client, url: str, path: str, body: dict) -> dict:
@@ -192,11 +208,8 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize(("servers", "name"), [*(("aggregated", n) for n in CASES), *(("pd", n) for n in PD_CASES)],
-                         indirect=["servers"], scope="module")  # else one graph per case (pytest's rule)
-def test_same_answer_as_vllm_serve(servers, client: httpx.Client, name: str) -> None:
+def check(reference_url: str, splitserve_url: str, client: httpx.Client, name: str) -> None:
     path, body = CASES[name]
-    reference_url, splitserve_url = servers
     expected = ask(client, reference_url, path, body)
     got = ask(client, splitserve_url, path, body)
     if name in KNOWN_DIFFERENCES:
@@ -204,3 +217,13 @@ def test_same_answer_as_vllm_serve(servers, client: httpx.Client, name: str) -> 
         return
     assert expected["status"] == 200, f"vLLM refused {name}: {expected}"
     assert got == expected
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_aggregated_same_answer_as_vllm_serve(reference, aggregated, client: httpx.Client, name: str) -> None:
+    check(reference.url, aggregated.url, client, name)
+
+
+@pytest.mark.parametrize("name", PD_CASES)
+def test_pd_same_answer_as_vllm_serve(reference, pd, client: httpx.Client, name: str) -> None:
+    check(reference.url, pd.url, client, name)

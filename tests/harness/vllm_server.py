@@ -45,13 +45,27 @@ class VllmServer:
         raise RuntimeError(f"vLLM's server not ready in {timeout_s}s:\n{self.logs()[-4000:]}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server alone (it stops its engine core, and its resource tracker unlinks the semaphores it
+        made: a signal to the whole group killed the tracker too and left them in /dev/shm); SIGKILL what is left
+        of its group after ``timeout_s``."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own group: the engine core process goes too
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
+        deadline = time.monotonic() + 5.0  # its children exit after it
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, served_name: str) -> VllmServer:
