@@ -18,6 +18,10 @@ from cli.http_limits import (
 from cli.logs import configure_logging
 from cli.options import (
     DEFAULT_ROUTER,
+    ChatTemplate,
+    EnableAutoToolChoice,
+    ReasoningParser,
+    ToolCallParser,
     CurveDir,
     LogJson,
     LogLevel,
@@ -61,6 +65,10 @@ def frontend(
     metrics_host: str = MetricsHost,
     max_inflight: int = typer.Option(4096, envvar="SPLITSERVE_MAX_INFLIGHT",
                                      help="Requests in flight before new ones get 503"),
+    chat_template: Path | None = ChatTemplate,
+    tool_call_parser: str | None = ToolCallParser,
+    reasoning_parser: str | None = ReasoningParser,
+    enable_auto_tool_choice: bool = EnableAutoToolChoice,
     curve_dir: Path | None = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -73,6 +81,10 @@ def frontend(
     validated(ref.path, need_weights=False)  # tokenizer and config only
     names = served_names(served_model_name, ref.name)
     index = process_index()
+    if chat_template is not None and not chat_template.is_file():
+        raise typer.BadParameter(f"{chat_template} is not a file", param_hint="--chat-template")
+    if enable_auto_tool_choice and not tool_call_parser:
+        raise typer.BadParameter("--enable-auto-tool-choice needs --tool-call-parser", param_hint="--tool-call-parser")
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
     from services.frontend.heap import settle_heap
@@ -90,7 +102,10 @@ def frontend(
         http=limits.http_config(host, port, reuse_port),
         api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,
         open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads,
-        metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host)
+        metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host,
+        chat_template=chat_template.read_text() if chat_template is not None else None,
+        tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+        enable_auto_tool_choice=enable_auto_tool_choice)
     service = FrontendService(config)
     settle_heap()  # what startup built stays for good: no collection walks it again
     run_service(service.run)

@@ -25,7 +25,12 @@ from cli.graph_spec import up_kv_transfer
 from cli.logs import configure_logging
 from cli.options import (
     DTYPE_HELP,
+    ChatTemplate,
     CurveDir,
+    EnableAutoToolChoice,
+    ReasoningParser,
+    ToolCallParser,
+    frontend_args,
     LogJson,
     LogLevel,
     SERVED_NAME_HELP,
@@ -159,6 +164,10 @@ def up(
     body_timeout_s: float = _in_panel(BodyTimeoutS, FRONTEND),
     keepalive_timeout_s: float = _in_panel(KeepaliveTimeoutS, FRONTEND),
     max_connections: int = _in_panel(MaxConnections, FRONTEND),
+    chat_template: Optional[Path] = _in_panel(ChatTemplate, FRONTEND),
+    tool_call_parser: Optional[str] = _in_panel(ToolCallParser, FRONTEND),
+    reasoning_parser: Optional[str] = _in_panel(ReasoningParser, FRONTEND),
+    enable_auto_tool_choice: bool = _in_panel(EnableAutoToolChoice, FRONTEND),
     curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
                                "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
     curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
@@ -192,6 +201,8 @@ def up(
     kv_transfer = "pull" if mock_nixl else up_kv_transfer(kv_transfer)
     if mock_block_bytes is not None:
         mock_kv_bytes_per_token(mock_block_bytes, block_size)  # a bad value: its one-line error now
+    if chat_template is not None and not chat_template.is_file():
+        raise typer.BadParameter(f"{chat_template} is not a file", param_hint="--chat-template")
     if curve and curve_dir is not None:
         raise typer.BadParameter("--curve makes fresh keys; --curve-dir uses yours: give one", param_hint="--curve")
     engine_args = tuple(a for a in ctx.args if a != "--")
@@ -244,7 +255,9 @@ def up(
                      http_limits=limits, curve=curve,
                      curve_dir=curve_dir, switchable=switchable, served_model_names=names,
                      engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
-                     decode_engine_args=pool_args["decode"], placement=placement)
+                     decode_engine_args=pool_args["decode"], placement=placement,
+                     frontend_args=frontend_args(chat_template, tool_call_parser, reasoning_parser,
+                                                 enable_auto_tool_choice))
     raise typer.Exit(launch(spec))
 
 

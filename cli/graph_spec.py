@@ -105,6 +105,8 @@ class GraphSpec:
     switchable: bool | None = None
     # Names clients use (the first is the one responses carry and workers register); (): the model's own name.
     served_model_names: tuple[str, ...] = ()
+    # Passed to every frontend as is: --chat-template, --tool-call-parser, --reasoning-parser, ... (cmd_up).
+    frontend_args: tuple[str, ...] = ()
     # vLLM engine arguments as typed (engine_args.py parses them): every worker's, then each pool's own after them
     # (argparse keeps the last value, so a pool's word wins over the common one).
     engine_args: tuple[str, ...] = ()
@@ -223,7 +225,7 @@ def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[st
     """``num_frontends`` frontends on one port; more than one: each also on a metrics port of its own (on the
     shared port, /metrics answers from whichever process the kernel picked)."""
     cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port),
-           *spec.http_limits.args()]
+           *spec.http_limits.args(), *spec.frontend_args]
     if spec.served_model_names:
         cmd += ["--served-model-name", ",".join(spec.served_model_names)]
     if spec.num_frontends <= 1:

@@ -157,3 +157,30 @@ def reexec_with_engine_env(env: dict[str, str]) -> None:
         return
     # orig_argv repeats this very invocation, whether `python -m cli.main worker` or a console script.
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **env, "SPLITSERVE_REEXECED": "1"})
+
+
+# vLLM's OpenAI-server options of the same names (the frontend's; `up` passes them to its frontends).
+ChatTemplate = typer.Option(None, "--chat-template", help="Chat template file (Jinja) to use instead of the "
+                            "model's own, as vLLM's --chat-template")
+ToolCallParser = typer.Option(None, "--tool-call-parser", help="vLLM's tool-call parser for tool_choice 'auto' "
+                              "(its names: hermes, llama3_json, mistral, ...; needs vLLM installed). Default: the "
+                              "frontend's own Hermes / Llama 3 JSON reader, picked by the chat template")
+ReasoningParser = typer.Option(None, "--reasoning-parser", help="vLLM's reasoning parser (deepseek_r1, qwen3, "
+                               "...; needs vLLM installed): the answer's reasoning leaves as reasoning_content")
+EnableAutoToolChoice = typer.Option(False, "--enable-auto-tool-choice", help="As vLLM's: with --tool-call-parser, "
+                                    "tool_choice 'auto' reads calls with it (without the flag vLLM refuses 'auto')")
+
+
+def frontend_args(chat_template: Path | None, tool_call_parser: str | None, reasoning_parser: str | None,
+                  enable_auto_tool_choice: bool) -> tuple[str, ...]:
+    """The frontend command-line options for these values (what `up` hands each frontend)."""
+    out: list[str] = []
+    if chat_template is not None:
+        out += ["--chat-template", str(Path(chat_template).resolve())]
+    if tool_call_parser:
+        out += ["--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        out += ["--reasoning-parser", reasoning_parser]
+    if enable_auto_tool_choice:
+        out.append("--enable-auto-tool-choice")
+    return tuple(out)

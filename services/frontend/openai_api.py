@@ -52,6 +52,8 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # An assistant's earlier tool calls, and a tool message's answer to one: rendered by the chat template.
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant's earlier reasoning (vLLM's field; templates with interleaved thinking render it).
+    reasoning: str | None = None
 
 
 class StreamOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -107,6 +109,9 @@ class ChatCompletionRequest(_Common, frozen=True):
     messages: list[ChatMessage] = []
     # vLLM's: extra variables for the chat template (e.g. {"enable_thinking": false}).
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: end the prompt with the assistant's turn opened (default), or continue the last message as is.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -229,22 +234,24 @@ def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
     return prompt
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template expects them; multi-part content is joined text (no images here)."""
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as OpenAI dicts (chat_render.conversation makes vLLM's conversation of them); text parts only."""
     out = []
     for m in messages:
-        content = m.content
+        content: Any = m.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
                 raise ApiError(400, "only text content parts are supported", param="messages")
-            content = "".join(p.text or "" for p in content)
-        message = {"role": m.role, "content": content or ""}
+            content = [{"type": "text", "text": p.text or ""} for p in content]
+        message: dict[str, Any] = {"role": m.role, "content": content}
         if m.name is not None:
             message["name"] = m.name
         if m.tool_calls:
             message["tool_calls"] = msgspec.to_builtins(m.tool_calls)
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
+        if m.reasoning is not None:
+            message["reasoning"] = m.reasoning
         out.append(message)
     return out
 
@@ -259,7 +266,8 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 # chat_template_kwargs may add template variables, never replace what the server renders from the request.
-_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt"})
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                     "chat_template", "tokenize"})
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -270,3 +278,15 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
         raise ApiError(400, f"chat_template_kwargs cannot set {', '.join(reserved)}: they come from the request",
                        param="chat_template_kwargs")
     return kwargs
+
+
+def message_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of text in message_dicts' messages (bounds the prompt's tokens before templating)."""
+    total = 0
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, str):
+            total += len(content)
+        elif content:
+            total += sum(len(p["text"]) for p in content)
+    return total

@@ -67,6 +67,11 @@ class ResponseShape:
             out += self._chunk([], usage)
         return out + b"data: [DONE]\n\n"
 
+    def parsed_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
+                     usage: dict[str, Any] | None = None) -> bytes:
+        """A delta from vLLM's parsers (vllm_parsers.py): content, reasoning and tool_calls as it gives them."""
+        return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}], usage)
+
     def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> bytes:
         """A choice's tool calls, whole, in one delta (each call with its index among the choice's calls)."""
         deltas = [{"index": k, **call} for k, call in enumerate(calls)]
@@ -87,7 +92,11 @@ class ResponseShape:
                              "choices": body, "usage": usage})
 
 
-def _message(text: str, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _message(text: str | None, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None,
+             reasoning: str | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text or None if calls else text}
+    if reasoning is not None:  # vLLM's field name (0.32; reasoning_content before)
+        message["reasoning"] = reasoning
     if calls:
-        return {"role": "assistant", "content": text or None, "tool_calls": calls}
-    return {"role": "assistant", "content": text}
+        message["tool_calls"] = calls
+    return message

@@ -16,8 +16,9 @@ import msgspec
 import orjson
 import structlog
 
-from common.errors import NoWorkerError, RemoteError, SplitserveError, WorkerLost
+from common.errors import ModelError, NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
+from services.frontend.chat_render import ChatRenderError
 from services.frontend.choice_text import ChoiceText
 from services.frontend.choices import Choices
 from services.frontend.context import (
@@ -37,6 +38,7 @@ from services.frontend.openai_api import (
     CompletionRequest,
     check_template_kwargs,
     completion_prompt,
+    message_chars,
     message_dicts,
     parse_chat,
     parse_completion,
@@ -50,6 +52,7 @@ from services.frontend.sampling import engines_of, refusal_for_engines, sampling
 from services.frontend.tokenizer import ModelTokenizer
 from services.frontend.tool_parsers import parser_for_template
 from services.frontend.tools import ToolPlan, plan_tools, tool_answer
+from services.frontend.vllm_parsers import ParseSession, VllmParsers
 
 log = structlog.get_logger(__name__)
 
@@ -84,12 +87,18 @@ class FrontendConfig:
     metrics_host: str = "127.0.0.1"
     # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
     max_inflight_requests: int = 4096
+    # vLLM's OpenAI-server options: a chat template's text over the model's own; vLLM's tool-call and
+    # reasoning parsers by name (tool_stream.py); "auto" tool choice only with the flag when a parser is named.
+    chat_template: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 class FrontendService:
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
-        self.tokenizer = ModelTokenizer(config.model_dir)
+        self.tokenizer = ModelTokenizer(config.model_dir, config.chat_template)
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
@@ -105,6 +114,9 @@ class FrontendService:
         # A token's own text, for logprobs (special tokens kept: the model did sample them).
         decode = self.tokenizer.tokenizer.decode
         self._tool_parser = parser_for_template(self.tokenizer.chat_template_source)
+        # vLLM's own parsers when named (imports vLLM); else the frontend's Hermes / Llama 3 JSON reader.
+        self._parsers = (VllmParsers(config.model_dir, config.tool_call_parser, config.reasoning_parser)
+                         if config.tool_call_parser or config.reasoning_parser else None)
         self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -241,17 +253,37 @@ class FrontendService:
 
     async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
+        from_chat = body is None
         body = self._served(body or parse_chat(req.body))
-        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, self._tool_parser)
+        parsers = self._parsers if from_chat else None
+        # tool_choice "auto" read by vLLM's parser: the tools go into the prompt, the answer to the parser.
+        vllm_tools = bool(parsers and parsers.tool_cls and body.tools and body.tool_choice in (None, "auto"))
+        if vllm_tools and not self.config.enable_auto_tool_choice:
+            raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
+                           "be set", param="tool_choice")
+        tools = plan_tools(body.tools, "none" if vllm_tools else body.tool_choice, body.parallel_tool_calls,
+                           self._tool_parser)
+        parse = None
+        if parsers is not None and (vllm_tools or parsers.reasoning_cls is not None):
+            try:
+                vllm_request = parsers.request(req.body)
+            except ValueError as exc:
+                raise ApiError(400, f"request not valid for vLLM's parsers: {exc}") from exc
+            parse = functools.partial(parsers.session, vllm_request, vllm_tools)
         messages = message_dicts(body.messages)
-        num_chars = sum(len(m["content"]) for m in messages)
+        num_chars = message_chars(messages)
         self._check_prompt_chars(num_chars, "messages")
         template_tools = tools.template_tools() if tools else None
         template_kwargs = check_template_kwargs(body.chat_template_kwargs)
+        if body.add_generation_prompt and body.continue_final_message:
+            raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                           param="continue_final_message")
         try:
             prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(
-                messages, tools=template_tools, template_kwargs=template_kwargs), num_chars)
-        except Exception as exc:
+                messages, add_generation_prompt=body.add_generation_prompt, tools=template_tools,
+                template_kwargs=template_kwargs, continue_final_message=body.continue_final_message),
+                num_chars)
+        except (ChatRenderError, ModelError) as exc:
             raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if requested is not None and requested < 1:
@@ -263,7 +295,7 @@ class FrontendService:
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
-                             tools if tools is not None and tools.shapes_answer else None)
+                             tools if tools is not None and tools.shapes_answer else None, parse)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         body = self._served(parse_completion(req.body))
@@ -289,14 +321,14 @@ class FrontendService:
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body, tools: ToolPlan | None = None) -> None:
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None) -> None:
         await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools)
+            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools, parse)
         finally:
             self._num_inflight -= 1
 
@@ -313,14 +345,16 @@ class FrontendService:
             raise refusal
 
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                              stop: tuple[str, ...], body, tools: ToolPlan | None) -> None:
-        """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls)."""
+                              stop: tuple[str, ...], body, tools: ToolPlan | None, parse=None) -> None:
+        """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls);
+        ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto")."""
+        sessions: list[ParseSession] | None = [parse() for _ in range(body.n)] if parse else None
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
         continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
         include_usage = bool(body.stream_options and body.stream_options.include_usage
                              or getattr(shape, "always_usage", False))
-        choices = [ChoiceText(self.tokenizer.decoder(), None if sampling.logprobs is None else
+        choices = [ChoiceText(self.tokenizer.decoder(token_ids), None if sampling.logprobs is None else
                            LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
         num_output = 0
         num_cached = -1
@@ -356,7 +390,10 @@ class FrontendService:
                             so_far = None if not continuous_usage else {
                                 "prompt_tokens": len(token_ids), "completion_tokens": num_output,
                                 "total_tokens": len(token_ids) + num_output}
-                            await resp.write(shape.delta_chunk(text, part, index, so_far))
+                            if sessions is None:
+                                await resp.write(shape.delta_chunk(text, part, index, so_far))
+                            elif (delta := sessions[index].stream(text, out.token_ids)) or part is not None:
+                                await resp.write(shape.parsed_chunk(index, delta or {}, part, so_far))
                     if choice.stopped:
                         fanout.stop(index)
         except NoWorkerError as exc:
@@ -383,6 +420,8 @@ class FrontendService:
         results = [c.result() for c in choices]
         if tools is not None:
             results = [_with_tool_calls(tools, *r) for r in results]
+        elif sessions is not None:
+            results = [_parsed(sessions[i], *r, streamed=bool(body.stream)) for i, r in enumerate(results)]
         if body.stream:
             if not resp.started:
                 resp.start(200, b"text/event-stream")
@@ -401,3 +440,15 @@ class FrontendService:
 def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:
     content, finish, calls = tool_answer(tools, text, finish)
     return content, finish, logprobs, calls
+
+
+def _parsed(session: ParseSession, text: str, finish: str, logprobs: dict | None, streamed: bool) -> tuple:
+    """A choice's answer through vLLM's parsers; streamed, its deltas are out already: only the finish."""
+    if streamed:
+        return text, "tool_calls" if session.called else finish, logprobs, None
+    answer = session.whole(text)
+    calls = None
+    if answer.tool_calls:
+        calls = [{"id": c.get("id") or "call_" + new_id("")[-24:], "type": "function", "function": c["function"]}
+                 for c in answer.tool_calls]
+    return answer.content, "tool_calls" if calls else finish, logprobs, calls, answer.reasoning

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from common.errors import ModelError
+from services.frontend import chat_render
 from services.frontend.context import FAST_OFFLOAD_MIN_CHARS, OFFLOAD_MIN_CHARS
 from services.frontend.fast_bpe import FastPath, fast_path
 
@@ -45,7 +44,8 @@ class ChatPrompt:
 class ModelTokenizer:
     """Tokenizer, chat template and stop ids of one model directory."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, chat_template: str | None = None) -> None:
+        """``chat_template``: a template's text to use instead of the model's own (``--chat-template FILE``)."""
         model_dir = Path(model_dir)
         if not (model_dir / "tokenizer.json").is_file():
             raise ModelError(f"{model_dir} has no tokenizer.json (a Hugging Face fast-tokenizer file is needed)")
@@ -70,18 +70,15 @@ class ModelTokenizer:
         # Most characters of text one token can stand for (special tokens included): bounds a prompt's token
         # count from its length before tokenizing (context.min_prompt_tokens).
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
-        template = tok_config.get("chat_template")
-        if isinstance(template, list):  # the named-templates form: take "default"
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        if template is None and (model_dir / "chat_template.jinja").is_file():
-            template = (model_dir / "chat_template.jinja").read_text()
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        try:
-            self._template = env.from_string(template) if template else None
-        except jinja2.TemplateError as exc:
-            raise ModelError(f"{model_dir}: chat template does not compile: {exc}") from exc
-        self._special = {"bos_token": tok_config.get("bos_token") or "", "eos_token": eos_token or ""}
+        template = chat_template if chat_template is not None else _model_template(model_dir, tok_config)
+        if template:
+            try:
+                chat_render.compile_check(template)
+            except chat_render.ChatRenderError as exc:
+                raise ModelError(f"{model_dir}: {exc}") from exc
+        self._template: str | None = template or None
+        # transformers passes the tokenizer's special tokens to every template (bos_token, eos_token, ...).
+        self._special = chat_render.special_tokens(tok_config)
         # The template's source: its tool-call format picks the parser for tool_choice "auto".
         self.chat_template_source: str = template or ""
 
@@ -102,22 +99,31 @@ class ModelTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None,
-                            template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
-        """``template_kwargs``: the request's chat_template_kwargs, extra template variables (as vLLM passes
-        them); they cannot replace messages, tools or add_generation_prompt (``check_template_kwargs``)."""
+                            template_kwargs: dict[str, Any] | None = None,
+                            continue_final_message: bool = False) -> ChatPrompt:
+        """The prompt vLLM's OpenAI server builds from these OpenAI messages (chat_render). ``template_kwargs``:
+        the request's chat_template_kwargs, extra template variables over the special tokens (as transformers
+        merges them); they cannot replace messages, tools or add_generation_prompt (``check_template_kwargs``).
+        Raises chat_render.ChatRenderError for what the template or the messages refuse."""
         if self._template is None:
-            raise ModelError("this model has no chat template; use /v1/completions")
-        # Templates that know function calling render `tools` (as transformers passes them); others ignore it.
-        text = self._template.render(**{**self._special, **(template_kwargs or {})}, messages=messages,
-                                     add_generation_prompt=add_generation_prompt, tools=tools)
+            raise ModelError("this model has no chat template; use /v1/completions or start with --chat-template")
+        text = chat_render.render(self._template, chat_render.conversation(messages, self._template), tools=tools,
+                                  add_generation_prompt=add_generation_prompt,
+                                  continue_final_message=continue_final_message,
+                                  variables={**self._special, **(template_kwargs or {})})
         return ChatPrompt(text=text, token_ids=self.encode(text))
 
-    def decoder(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer)
+    def decoder(self, prompt_ids: tuple[int, ...] | list[int] = ()) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, prompt_ids)
 
 
-def _raise_template_error(message: str) -> None:
-    raise jinja2.TemplateError(message)
+def _model_template(model_dir: Path, tok_config: dict[str, Any]) -> str | None:
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # the named-templates form: take "default"
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (model_dir / "chat_template.jinja").is_file():
+        template = (model_dir / "chat_template.jinja").read_text()
+    return template
 
 
 class IncrementalDetokenizer:
@@ -127,17 +133,26 @@ class IncrementalDetokenizer:
     held back until it is decided.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: tuple[int, ...] | list[int] = ()) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        # Primed with the prompt, as vLLM's detokenizer is: the first output token decodes in the prompt's
+        # context (a word's leading space, bytes of a character the prompt began).
+        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
         self._pending = ""  # decoded but held back: could be the start of a stop string
 
     def feed(self, token_ids: tuple[int, ...] | list[int], stop: tuple[str, ...] = ()) -> StepText:
-        step = self._stream.step
         tok = self._tokenizer
         parts = [self._pending]
         for token_id in token_ids:
-            piece = step(tok, token_id)
+            try:
+                piece = self._stream.step(tok, token_id)
+            except Exception as exc:
+                if not str(exc).startswith(_INVALID_PREFIX):
+                    raise
+                # The tokenizer's output went non-monotonic (invalid UTF-8 joins): start a fresh stream at this
+                # token, as vLLM recovers.
+                self._stream = DecodeStream(skip_special_tokens=True)
+                piece = self._stream.step(tok, token_id)
             if piece:
                 parts.append(piece)
         text = "".join(parts)
@@ -157,6 +172,9 @@ class IncrementalDetokenizer:
         """Text held back for a stop string that never completed."""
         text, self._pending = self._pending, ""
         return text
+
+
+_INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream error (vLLM matches the same text)
 
 
 @dataclass(frozen=True, slots=True)

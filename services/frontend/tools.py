@@ -28,11 +28,28 @@ class FunctionDef(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None
 
 
 class Tool(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["function"]
     function: FunctionDef
+    defer_loading: bool | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The tool as vLLM hands it to the chat template (pydantic's model_dump of its request model): null
+        description and parameters kept, strict and defer_loading only when set, the tool's defer_loading
+        copied to its function's."""
+        f = self.function
+        function: dict[str, Any] = {"name": f.name, "description": f.description, "parameters": f.parameters}
+        if f.strict is not None:
+            function["strict"] = f.strict
+        if (defer := f.defer_loading if f.defer_loading is not None else self.defer_loading) is not None:
+            function["defer_loading"] = defer
+        out = {"type": "function", "function": function}
+        if self.defer_loading is not None:
+            out["defer_loading"] = self.defer_loading
+        return out
 
 
 class NamedFunction(msgspec.Struct, frozen=True):
@@ -59,7 +76,7 @@ class ToolPlan:
         return self.forced is not None or self.parser is not None
 
     def template_tools(self) -> list[dict[str, Any]]:
-        return [msgspec.to_builtins(t) for t in self.tools]
+        return [t.template_dict() for t in self.tools]
 
 
 _OBJECT = {"type": "object"}
