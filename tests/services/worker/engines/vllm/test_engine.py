@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
 ]
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[5]  # the checkout: `python -m tests.harness.vllm_smoke` runs from it
 PROMPT_LENGTHS = (5, 17, 64, 100, 700)  # 64: the prompt ends exactly on a block boundary (block 32)
 MAX_TOKENS = 12
 START_TIMEOUT_S = 240.0
