@@ -68,11 +68,13 @@ class VllmServer:
             pass
 
 
-def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, served_name: str) -> VllmServer:
-    """Starts it and returns at once (``wait_ready`` waits): another server can start meanwhile."""
+def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, served_name: str,
+                      env: dict[str, str] | None = None) -> VllmServer:
+    """Starts it and returns at once (``wait_ready`` waits): another server can start meanwhile. ``env`` adds to
+    (and wins over) the environment above, e.g. a NIXL side-channel port per engine for P/D."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+           "VLLM_CPU_OMP_THREADS_BIND": str(core), **(env or {})}
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin and (libgomp := Path(spec.origin).parent / "lib" / "libgomp.so.1").exists():
         env["LD_PRELOAD"] = str(libgomp)

@@ -1,0 +1,89 @@
+"""bench/peers.py's summary and plot: each arm's figures per rate (every run of it), and ratios within pairs.
+
+A pair is the k-th run of arm A and the k-th run of arm B (the order interleaves them: A B A B), so both saw the
+machine at about the same time; every goal is checked pair by pair, not on averages across the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FIELDS = {"goodput_rps": ("goodput_requests_per_s",), "rps": ("requests_per_s",),
+          "ttft_p50_ms": ("ttft_ms", "p50"), "ttft_p99_ms": ("ttft_ms", "p99"), "itl_p50_ms": ("itl_ms", "p50"),
+          "itl_p99_ms": ("itl_ms", "p99"), "tpot_p50_ms": ("tpot_ms", "p50"), "tpot_p90_ms": ("tpot_ms", "p90"),
+          "slo_attainment": ("slo_attainment",)}
+# (candidate, baseline) pairs the issue's goals compare.
+PAIRS = (("ss-pd", "vllm-pd"), ("ss-pd-remote", "vllm-pd"), ("ss-pd", "vllm-agg"), ("ss-agg", "vllm-agg"),
+         ("vllm-pd", "vllm-pd-shipped"))
+
+
+def _get(results: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = results
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def point_figures(point: dict[str, Any]) -> dict[str, Any]:
+    out = {name: _get(point["results"], path) for name, path in FIELDS.items()}
+    cpu = point.get("cpu_ms_per_request") or {}
+    out["server_cpu_ms_per_request"] = round(sum(v for k, v in cpu.items()), 1)
+    return out
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 3)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    by_arm: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        for point in run.get("points", []):
+            by_arm.setdefault(run["arm"], {}).setdefault(f"{point['rate']:g}", []).append(
+                {"index": run["index"], "profiled": point.get("profiled", False), **point_figures(point)})
+    pairs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for cand, base in PAIRS:
+        if cand not in by_arm or base not in by_arm:
+            continue
+        for rate, cand_points in by_arm[cand].items():
+            for a, b in zip(cand_points, by_arm[base].get(rate, [])):
+                pairs.setdefault(f"{cand}/{base}", {}).setdefault(rate, []).append(
+                    {"indices": [a["index"], b["index"]],
+                     **{f"{k}_ratio": _ratio(a[k], b[k]) for k in ("goodput_rps", "tpot_p50_ms", "tpot_p90_ms",
+                                                                   "itl_p99_ms", "ttft_p50_ms",
+                                                                   "server_cpu_ms_per_request")}})
+    return {"by_arm": by_arm, "pairs": pairs}
+
+
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    """goodput, TPOT p90 and ITL p99 against offered rate, one marker per run of each arm; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    by_arm = doc.get("summary", {}).get("by_arm", {})
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), dpi=90)
+    for ax, key, label in ((axes[0], "goodput_rps", "goodput (req/s, SLO met)"), (axes[1], "tpot_p90_ms",
+                           "TPOT p90 (ms)"), (axes[2], "itl_p99_ms", "ITL p99 (ms)")):
+        for arm, rates in sorted(by_arm.items()):
+            xs = [float(rate) for rate, points in rates.items() for p in points if p[key] is not None]
+            ys = [p[key] for rate, points in rates.items() for p in points if p[key] is not None]
+            ax.plot(xs, ys, "o", label=arm, alpha=0.8)
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    cond = doc["conditions"]
+    fig.suptitle(f"{cond['model']} {cond['dtype']}, ISL {cond['workload']['isl']}, OSL {cond['workload']['osl']}, "
+                 f"SLO {cond['slo']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
