@@ -20,6 +20,7 @@ from cli.options import (
     DEFAULT_ROUTER,
     ChatTemplate,
     EnableAutoToolChoice,
+    FirstToken,
     ReasoningParser,
     ToolCallParser,
     CurveDir,
@@ -69,6 +70,7 @@ def frontend(
     tool_call_parser: str | None = ToolCallParser,
     reasoning_parser: str | None = ReasoningParser,
     enable_auto_tool_choice: bool = EnableAutoToolChoice,
+    first_token: str = FirstToken,
     curve_dir: Path | None = CurveDir,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
@@ -83,6 +85,8 @@ def frontend(
     index = process_index()
     if chat_template is not None and not chat_template.is_file():
         raise typer.BadParameter(f"{chat_template} is not a file", param_hint="--chat-template")
+    if first_token not in ("decode", "prefill"):
+        raise typer.BadParameter("decode or prefill", param_hint="--first-token")
     if enable_auto_tool_choice and not tool_call_parser:
         raise typer.BadParameter("--enable-auto-tool-choice needs --tool-call-parser", param_hint="--tool-call-parser")
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
@@ -97,7 +101,7 @@ def frontend(
     config = FrontendConfig(
         model_name=names[0], model_aliases=names[1:], model_dir=ref.path,
         pipeline=PipelineConfig(router_endpoint=router_endpoint, migration_limit=migration_limit,
-                                migration_wait_s=migration_wait_s,
+                                migration_wait_s=migration_wait_s, first_token=first_token,  # type: ignore[arg-type]
                                 transport=transport(curve_dir, "frontend")),
         http=limits.http_config(host, port, reuse_port),
         api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,

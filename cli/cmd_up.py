@@ -28,6 +28,7 @@ from cli.options import (
     ChatTemplate,
     CurveDir,
     EnableAutoToolChoice,
+    FirstToken,
     ReasoningParser,
     ToolCallParser,
     frontend_args,
@@ -168,6 +169,7 @@ def up(
     tool_call_parser: Optional[str] = _in_panel(ToolCallParser, FRONTEND),
     reasoning_parser: Optional[str] = _in_panel(ReasoningParser, FRONTEND),
     enable_auto_tool_choice: bool = _in_panel(EnableAutoToolChoice, FRONTEND),
+    first_token: str = _in_panel(FirstToken, FRONTEND),
     curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
                                "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
     curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
@@ -257,7 +259,7 @@ def up(
                      engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
                      decode_engine_args=pool_args["decode"], placement=placement,
                      frontend_args=frontend_args(chat_template, tool_call_parser, reasoning_parser,
-                                                 enable_auto_tool_choice))
+                                                 enable_auto_tool_choice, first_token))
     raise typer.Exit(launch(spec))
 
 

@@ -171,10 +171,16 @@ EnableAutoToolChoice = typer.Option(False, "--enable-auto-tool-choice", help="As
                                     "tool_choice 'auto' reads calls with it (without the flag vLLM refuses 'auto')")
 
 
+FirstToken = typer.Option("decode", "--first-token", help="When a remotely prefilled request's first token goes to "
+                          "the client: decode (with the decode worker's first output, as vLLM's P/D: no hand-off "
+                          "gap in the stream) | prefill (as soon as the prefill worker has it: lower TTFT, the "
+                          "KV hand-off then shows as one long inter-token gap)")
+
+
 def frontend_args(chat_template: Path | None, tool_call_parser: str | None, reasoning_parser: str | None,
-                  enable_auto_tool_choice: bool) -> tuple[str, ...]:
+                  enable_auto_tool_choice: bool, first_token: str = "decode") -> tuple[str, ...]:
     """The frontend command-line options for these values (what `up` hands each frontend)."""
-    out: list[str] = []
+    out: list[str] = [] if first_token == "decode" else ["--first-token", first_token]
     if chat_template is not None:
         out += ["--chat-template", str(Path(chat_template).resolve())]
     if tool_call_parser:

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import structlog
 from msgspec.structs import replace
@@ -60,6 +61,11 @@ class PipelineConfig:
     # in a row is lost and its streams migrate (more than one: a restarted router needs a beat to relearn).
     worker_watch_interval_s: float = 0.5
     worker_lost_polls: int = 3
+    # When the client gets a remotely prefilled request's first token. "decode": with the decode worker's first
+    # output, as vLLM's and SGLang's own P/D routers do: the stream carries no hand-off gap (KV transfer, the
+    # decode engine admitting the request: ~85-225 ms between the first two tokens on 2 CPU cores, bench/peers.py),
+    # TTFT includes it. "prefill": as soon as the prefill worker has it (lower TTFT, that gap inside the stream).
+    first_token: Literal["decode", "prefill"] = "decode"
     transport: TransportConfig = TransportConfig()
 
 
@@ -203,6 +209,7 @@ class Pipeline:
     async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
                    on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
         kv_transfer = None
+        held: Tokens | None = None  # the prefill's first token, sent with the decode worker's first output
         if route.prefill is not None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
             prefilled = await self._prefill(request_id, prompt, sampling, route)
@@ -210,7 +217,10 @@ class Pipeline:
                 first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
                                finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
                                num_cached_tokens=prefilled.num_cached_tokens, logprobs=prefilled.logprobs)
-                yield first
+                if prefilled.finish_reason is not None or self.config.first_token == "prefill":
+                    yield first
+                else:
+                    held = first
                 if prefilled.finish_reason is not None:
                     return
                 # Without transfer params the decode worker recomputes the prompt: slower, still correct.
@@ -227,6 +237,10 @@ class Pipeline:
             if on_decode is not None:
                 on_decode(route)
                 on_decode = None
+            if held is not None:
+                # A lost decode worker before this point leaves it unsent: the migration prefills again.
+                yield held
+                held = None
             yield out
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
