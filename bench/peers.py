@@ -87,7 +87,8 @@ def run_point(args: argparse.Namespace, running: Running, arm_name: str, index: 
     load = {"concurrency": [args.concurrency]} if args.concurrency else {"rate": [rate]}
     cfg = BenchConfig(url=running.url, endpoint="completions", workload=spec, **load,
                       num_requests=args.num_requests, max_duration_s=args.max_duration_s, timeout_s=args.timeout_s,
-                      slo=parse_slo(args.slo), seed=args.seed + index, prompt_salt=args.seed * 1000 + index,
+                      # Every arm gets the same arrivals and prompts at a rate (each arm starts on fresh engines).
+                      slo=parse_slo(args.slo), seed=args.seed, prompt_salt=args.seed * 1000 + round(rate * 1000),
                       output=Path(args.log_dir) / f"peers-{index}-{arm_name}-{rate:g}", label=arm_name,
                       conditions={"pd": "1:1" if pd else "0:2 (aggregated)", "arm": arm_name}, progress=False,
                       plots=False, argv=["python", "-m", "bench.peers"])

@@ -87,3 +87,35 @@ def plot(doc: dict[str, Any], path: Path) -> str | None:
     fig.savefig(path)
     plt.close(fig)
     return path.name
+
+
+def pyspy_summary(path: Path, top: int = 12) -> dict[str, Any]:
+    """One process's py-spy ``--format raw`` file (collapsed stacks, ``frame;frame;... count``): its samples and
+    the functions holding the most of them, by self time (the innermost frame) and inclusive time (anywhere
+    on the stack), as shares of the samples. Line numbers are dropped, so a function is one row."""
+    self_n: dict[str, int] = {}
+    incl_n: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [_frame_name(f) for f in stack.split(";")[1:]]  # the first is the thread
+        if frames:
+            self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for name in set(frames):
+            incl_n[name] = incl_n.get(name, 0) + n
+
+    def shares(counts: dict[str, int]) -> list[list[Any]]:
+        return [[name, round(n / total, 3)] for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {"samples": total, "self": shares(self_n) if total else [], "inclusive": shares(incl_n) if total else []}
+
+
+def _frame_name(frame: str) -> str:
+    """``fn (path/to/file.py:123)`` -> ``fn (file.py)``."""
+    name, _, where = frame.partition(" (")
+    file = where.rstrip(")").rsplit(":", 1)[0].rsplit("/", 1)[-1]
+    return f"{name} ({file})" if file else name
