@@ -6,9 +6,12 @@ aggregated vLLM engines behind vllm-router (cache_aware), splitserve aggregated.
 every rate of the sweep with the same open-loop Poisson workload (`splitserve bench`'s runner, /v1/completions
 with token-id prompts, ISL and OSL distributions, greedy, ignore_eos), and stopped.
 
-The rates: below and at the prefill limit, found first (``--find-limit``: prompts of the mean ISL with
-max_tokens 1, ``--limit-concurrency`` at a time, through the first P/D arm; the limit is its prompt tokens/s over
-the mean ISL) and scaled by ``--rate-fractions``; or given (``--rates``).
+The rates (``--rates``): below and at the prefill limit. The first P/D arm measures the prefill engine alone
+first (prompts of the mean ISL with max_tokens 1, ``--limit-concurrency`` at a time: its prompt tokens/s over the
+mean ISL, in the JSON as ``prefill_limit``). That is an upper bound: with decode streams, the frontend, the router
+and the client sharing the 2 cores, the graph saturated at about a quarter of it here (2,049 prompt tokens/s alone
+= 1.88 req/s; at 0.94 req/s TTFT p50 was 5 s in both systems), so the default rates are the measured region,
+0.25 and 0.45 req/s; ``--rate-fractions`` instead scales the measured limit.
 
 Per point: goodput under the SLOs, TTFT/ITL/TPOT percentiles (bench/lib/metrics.py), and CPU seconds of every
 process of the system (/proc/<pid>/stat before and after: the frontend, the router, each worker and its vLLM
@@ -126,12 +129,14 @@ def run_arm(args: argparse.Namespace, arm_name: str, index: int, rates: list[flo
         out["client_cores"] = sorted(client_cores)
         if args.concurrency:
             rates = [0.0]
-        elif rates is None:
+        elif arm.pd and not args.limit_measured:
+            args.limit_measured = True
             out["prefill_limit"] = find_limit(running, args.model.resolve().name, round(Dist.parse(args.isl).mean()),
                                               args.limit_concurrency, args.limit_prompts)
-            limit = out["prefill_limit"]["requests_per_s_at_mean_isl"]
-            rates = [round(limit * f, 3) for f in args.rate_fractions]
-            out["rates_from_limit"] = rates
+            if rates is None:
+                limit = out["prefill_limit"]["requests_per_s_at_mean_isl"]
+                rates = [round(limit * f, 3) for f in args.rate_fractions]
+                out["rates_from_limit"] = rates
         out["points"] = [run_point(args, running, arm_name, index, rate, arm.pd, args.profile_s > 0 and i == 0)
                          for i, rate in enumerate(rates)]
     finally:
@@ -151,8 +156,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 where the CPU has native bf16, else float32")
     ap.add_argument("--order", default="ss-pd,vllm-pd,ss-pd,vllm-pd",
                     help=f"arms, run in this order (A B A B): {', '.join(ARMS)}")
-    ap.add_argument("--rates", default="", help="requests/s, comma-separated (default: from --find-limit)")
-    ap.add_argument("--rate-fractions", default="0.5,1.0", help="of the prefill limit, when --rates is not given")
+    ap.add_argument("--rates", default="0.25,0.45", help="requests/s, comma-separated")
+    ap.add_argument("--rate-fractions", default="", help="instead of --rates: fractions of the measured prefill limit")
     ap.add_argument("--limit-concurrency", type=int, default=4)
     ap.add_argument("--limit-prompts", type=int, default=9)
     ap.add_argument("--concurrency", type=int, default=0,
@@ -177,7 +182,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown arms {unknown}: {', '.join(ARMS)}")
     model_cfg = require_model(args.model)
-    rates = [float(r) for r in args.rates.split(",") if r] or None
+    rates = None if args.rate_fractions else [float(r) for r in args.rates.split(",") if r]
+    args.limit_measured = bool(args.concurrency)
     began = time.monotonic()
     cond = conditions("peers", **{
         "model": args.model.resolve().name, "dtype": args.dtype,
@@ -193,7 +199,8 @@ def main() -> None:
         "num_requests_per_point": args.num_requests, "slo": args.slo, "splitserve_kv_transfer": args.kv_transfer,
         "transfer_backend": "NIXL UCX (vLLM NixlConnector / NixlPushConnector), kv_buffer_device cpu",
         "concurrency": args.concurrency or None,
-        "rates": None if args.concurrency else rates or f"from the prefill limit x {args.rate_fractions}", "uptime": _uptime(),
+        "rates": None if args.concurrency else rates or f"the measured prefill limit x {args.rate_fractions}",
+        "uptime": _uptime(),
         "note": "shared 2-core machine: compare arms within a pair of this run"})
     doc: dict[str, Any] = {"conditions": cond, "runs": []}
     for i, arm_name in enumerate(order):

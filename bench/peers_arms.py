@@ -48,7 +48,8 @@ class Arm:
 
 ARMS = {a.name: a for a in (
     Arm("ss-pd", "splitserve", "splitserve P/D, `up` defaults (push; prompts <= --local-prefill-max-tokens "
-        "prefilled on the decode engine; the first token sent with the decode worker's first)", True, ("--prefill", "1", "--decode", "1")),
+        "prefilled on the decode engine; the first token sent with the decode worker's first)", True,
+        ("--prefill", "1", "--decode", "1")),
     Arm("ss-pd-early", "splitserve", "splitserve P/D, `up` defaults but the first token streamed as soon as the "
         "prefill worker has it (--first-token prefill, the default before issue 29)", True,
         ("--prefill", "1", "--decode", "1", "--first-token", "prefill")),

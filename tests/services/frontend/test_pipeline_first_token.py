@@ -21,7 +21,8 @@ ROUTE = Route(request_id="r", decode=WorkerRef("d0", "tcp://127.0.0.1:1"), prefi
 
 def _pipeline(first_token: str, events: list, decode_fails: bool = False) -> Pipeline:
     pipeline = Pipeline.__new__(Pipeline)  # no sockets: both worker calls are replaced below
-    pipeline.config = PipelineConfig(router_endpoint="tcp://127.0.0.1:1", first_token=first_token)  # type: ignore[arg-type]
+    pipeline.config = PipelineConfig(router_endpoint="tcp://127.0.0.1:1",
+                                     first_token=first_token)  # type: ignore[arg-type]
     pipeline.metrics = FrontendMetrics()
 
     async def prefill(request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
