@@ -44,6 +44,7 @@ class Arm:
     pd: bool  # one prefill + one decode engine (else two aggregated engines)
     up_args: tuple[str, ...] = ()  # splitserve: `up` arguments
     alike: bool = False  # vLLM: engines set like splitserve's (ALIKE_ARGS, ALIKE_ENV)
+    kv_transfer: str = ""  # splitserve P/D: pull | push ("" : the run's --kv-transfer)
 
 
 ARMS = {a.name: a for a in (
@@ -53,6 +54,8 @@ ARMS = {a.name: a for a in (
     Arm("ss-pd-early", "splitserve", "splitserve P/D, `up` defaults but the first token streamed as soon as the "
         "prefill worker has it (--first-token prefill, the default before issue 29)", True,
         ("--prefill", "1", "--decode", "1", "--first-token", "prefill")),
+    Arm("ss-pd-pull", "splitserve P/D, `up` defaults but KV pulled by the decode engine (--kv-transfer pull, as "
+        "vLLM's NixlConnector)", True, ("--prefill", "1", "--decode", "1"), kv_transfer="pull"),
     Arm("ss-pd-remote", "splitserve", "splitserve P/D, every prompt prefilled remotely (--local-prefill-max-tokens 0)",
         True, ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "0")),
     Arm("ss-agg", "splitserve", "splitserve aggregated: 2 workers role both, KV-aware routing", False,
@@ -97,7 +100,7 @@ def _splitserve(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: s
     args = ["--engine", "vllm", "--model", str(model), "--dtype", dtype, "--block-size", "32", "--no-kvtier",
             "--log-level", "warning", *arm.up_args]
     if arm.pd:
-        args += ["--kv-transfer", kv_transfer]
+        args += ["--kv-transfer", arm.kv_transfer or kv_transfer]
     graph = start_graph(log_dir, *args, ready_timeout_s=300.0, log_name=f"peers-{index}-{arm.name}.log")
     return Running(graph.url, graph.pids(), graph.stop, {"command": " ".join(graph.cmd[1:]),
                                                           "start_s": round(graph.startup_s, 1)})
