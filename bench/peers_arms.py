@@ -54,7 +54,7 @@ ARMS = {a.name: a for a in (
     Arm("ss-pd-early", "splitserve", "splitserve P/D, `up` defaults but the first token streamed as soon as the "
         "prefill worker has it (--first-token prefill, the default before issue 29)", True,
         ("--prefill", "1", "--decode", "1", "--first-token", "prefill")),
-    Arm("ss-pd-pull", "splitserve P/D, `up` defaults but KV pulled by the decode engine (--kv-transfer pull, as "
+    Arm("ss-pd-pull", "splitserve", "splitserve P/D, `up` defaults but KV pulled by the decode engine (--kv-transfer pull, as "
         "vLLM's NixlConnector)", True, ("--prefill", "1", "--decode", "1"), kv_transfer="pull"),
     Arm("ss-pd-remote", "splitserve", "splitserve P/D, every prompt prefilled remotely (--local-prefill-max-tokens 0)",
         True, ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "0")),

@@ -1,0 +1,43 @@
+"""bench/peers.py's pure parts: the arms are well formed, the py-spy summary reads collapsed stacks, pairs pair the
+k-th run of each arm at one rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.peers_arms import ARMS
+from bench.peers_report import pyspy_summary, summarize
+
+
+def test_arms_are_well_formed() -> None:
+    for name, arm in ARMS.items():
+        assert arm.name == name and arm.system in ("splitserve", "vllm") and isinstance(arm.pd, bool)
+        assert isinstance(arm.what, str) and arm.what
+        if arm.system == "vllm":
+            assert not arm.up_args and not arm.kv_transfer  # vLLM arms take no `up` arguments
+        else:
+            assert ("--aggregated" in arm.up_args) != arm.pd
+
+
+def test_pyspy_summary_self_and_inclusive_shares(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text("thread (0x1);main (a.py:1);step (b.py:10);forward (c.py:5) 3\n"
+                   "thread (0x1);main (a.py:1);step (b.py:12) 1\n"
+                   "not a stack line\n")
+    out = pyspy_summary(raw)
+    assert out["samples"] == 4
+    assert out["self"][0] == ["forward (c.py)", 0.75]
+    assert dict(map(tuple, out["inclusive"]))["step (b.py)"] == 1.0  # two lines of one function: one row
+
+
+def _run(arm: str, index: int, goodput: float) -> dict:
+    results = {"goodput_requests_per_s": goodput, "requests_per_s": 1.0, "slo_attainment": 0.5,
+               **{k: {"p50": 10.0, "p90": 20.0, "p99": 30.0} for k in ("ttft_ms", "itl_ms", "tpot_ms")}}
+    return {"arm": arm, "index": index, "points": [{"rate": 0.25, "results": results,
+                                                    "cpu_ms_per_request": {"a": 1.0}}]}
+
+
+def test_pairs_are_kth_run_against_kth_run() -> None:
+    runs = [_run("ss-pd", 0, 0.2), _run("vllm-pd", 1, 0.1), _run("ss-pd", 2, 0.1), _run("vllm-pd", 3, 0.4)]
+    pairs = summarize(runs)["pairs"]["ss-pd/vllm-pd"]["0.25"]
+    assert [(p["indices"], p["goodput_rps_ratio"]) for p in pairs] == [([0, 1], 2.0), ([2, 3], 0.25)]
