@@ -86,6 +86,9 @@ class Tokens(Msg, frozen=True):
     transfer_failed: bool = False
     # One entry per token in token_ids when the request asked for logprobs.
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # SamplingParams.prompt_logprobs: on the request's first slice, one entry per prompt token after the first
+    # (the first has no context to be scored in), each with its rank.
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 class TokensBatch(Msg, frozen=True):
@@ -102,6 +105,8 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    # The token's rank in the distribution (1: the likeliest); 0: not reported (output tokens).
+    rank: int = 0
 
 
 class Abort(Msg, frozen=True):

@@ -203,7 +203,9 @@ class Pipeline:
     async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
                    on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
         kv_transfer = None
-        if route.prefill is not None:
+        # Prompt logprobs come from the engine that computes the prompt, and a decode engine that pulled the
+        # KV never did: such a request is prefilled where it decodes.
+        if route.prefill is not None and sampling.prompt_logprobs is None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
             prefilled = await self._prefill(request_id, prompt, sampling, route)
             if prefilled is not None:
@@ -296,6 +298,9 @@ class Pipeline:
 
 def _after(sampling: SamplingParams, num_generated: int) -> SamplingParams:
     """The sampling of a request's continuation once ``num_generated`` tokens exist: max_tokens and min_tokens
-    count the tokens still to come (every other control applies unchanged, on whichever worker continues)."""
+    count the tokens still to come (every other control applies unchanged, on whichever worker continues); the
+    prompt's logprobs came with the first slice."""
+    if num_generated == 0:
+        return sampling
     return replace(sampling, max_tokens=sampling.max_tokens - num_generated,
-                   min_tokens=max(0, sampling.min_tokens - num_generated))
+                   min_tokens=max(0, sampling.min_tokens - num_generated), prompt_logprobs=None)

@@ -19,14 +19,17 @@ import structlog
 from common.errors import ModelError, NoWorkerError, RemoteError, SplitserveError, WorkerLost
 from common.transport import new_id
 from services.frontend.chat_render import ChatRenderError
-from services.frontend.choice_text import ChoiceText
+from services.frontend import utility_api
+from services.frontend.choice_text import ChoiceText, detokenize_options
 from services.frontend.choices import Choices
 from services.frontend.context import (
     min_prompt_tokens,
     offload_tokenization,
     served_context_len,
+    truncate_prompt,
 )
 from services.frontend.dashboard import Dashboard
+from services.frontend.echo import Echo, chat_echo, completion_echo, prompt_logprobs_json
 from services.frontend.health import PoolCounts, count_pools, judge_health
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.logprobs import LogprobsRenderer
@@ -45,10 +48,11 @@ from services.frontend.openai_api import (
     stop_strings,
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
+from services.frontend.request_ids import response_ids
 from services.frontend.responses import ResponseShape
 from services.frontend.responses_api import ResponsesShape, parse_responses
 from services.frontend.served_models import ServedModels
-from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
+from services.frontend.sampling import engines_of, guided_field, refusal_for_engines, sampling_params
 from services.frontend.tokenizer import ModelTokenizer
 from services.frontend.tool_parsers import parser_for_template
 from services.frontend.tools import ToolPlan, plan_tools, tool_answer
@@ -58,7 +62,7 @@ log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
-          "/health": "GET",
+          "/health": "GET", "/tokenize": "POST", "/detokenize": "POST", "/version": "GET", "/ping": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
 
 
@@ -145,6 +149,8 @@ class FrontendService:
     async def handle(self, req: Request, resp: Response) -> None:
         endpoint = req.path if req.path in ROUTES else "other"
         method = "GET" if req.method == "HEAD" else req.method  # HEAD: GET's answer, headers only
+        if client_id := req.headers.get("x-request-id"):
+            resp.headers = ((b"x-request-id", client_id.encode("latin-1")),)
         try:
             if not self._authorized(req):
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
@@ -159,13 +165,28 @@ class FrontendService:
                     resp.send(200, self._served_models.listing())
                 case ("GET", "/health"):
                     await self._health(resp)
+                case ("GET" | "POST", "/ping"):
+                    resp.send((await self._judge_health())[0].http_status, b"", b"text/plain")
+                case ("POST", "/tokenize"):
+                    request = utility_api.parse_tokenize(req.body)
+                    if request.model is not None:
+                        self._served_models.canonical(request.model)
+                    resp.send(200, await self._off_loop(lambda: utility_api.tokenize(
+                        request, self.tokenizer, self._context_len()), len(req.body)))
+                case ("POST", "/detokenize"):
+                    request = utility_api.parse_detokenize(req.body)
+                    if request.model is not None:
+                        self._served_models.canonical(request.model)
+                    resp.send(200, utility_api.detokenize(request, self.tokenizer))
+                case ("GET", "/version"):
+                    resp.send(200, utility_api.version())
                 case ("GET", "/metrics"):
                     resp.send(200, self.metrics.render(), b"text/plain; version=0.0.4")
                 case ("GET", "/dashboard"):
                     resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
                 case ("GET", "/dashboard/data"):
                     resp.send(200, await self.dashboard.data())
-                case (_, path) if path in ROUTES:
+                case (_, path) if path in ROUTES and path != "/ping":
                     raise ApiError(405, f"method {req.method} not allowed on {req.path}",
                                    headers=((b"allow", ROUTES[path].encode()),))
                 case _:
@@ -198,6 +219,13 @@ class FrontendService:
         self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
 
     async def _health(self, resp: Response) -> None:
+        health, counts = await self._judge_health()
+        resp.send(health.http_status, orjson.dumps({
+            "status": health.status, "reasons": health.reasons,
+            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
+            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+
+    async def _judge_health(self):
         now = time.monotonic()
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
@@ -207,11 +235,7 @@ class FrontendService:
                 counts = PoolCounts()
             self._workers_cache = (now, counts)
             self._pools_seen |= counts.pools
-        health = judge_health(counts, self._pools_seen)
-        resp.send(health.http_status, orjson.dumps({
-            "status": health.status, "reasons": health.reasons,
-            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
-            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+        return judge_health(counts, self._pools_seen), counts
 
     # ----------------------------------------------------------------------------------------- generation
     def _served(self, body: _Body) -> _Body:
@@ -272,7 +296,8 @@ class FrontendService:
             parse = functools.partial(parsers.session, vllm_request, vllm_tools)
         messages = message_dicts(body.messages)
         num_chars = message_chars(messages)
-        self._check_prompt_chars(num_chars, "messages")
+        if body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
+            self._check_prompt_chars(num_chars, "messages")
         template_tools = tools.template_tools() if tools else None
         template_kwargs = check_template_kwargs(body.chat_template_kwargs)
         if body.add_generation_prompt and body.continue_final_message:
@@ -288,20 +313,25 @@ class FrontendService:
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if requested is not None and requested < 1:
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-        max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
+        token_ids = self._truncated(prompt.token_ids, body)
+        max_tokens = self._prompt_limits(len(token_ids), requested)
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
-                                   self.tokenizer.vocab_size, tools)
-        shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
+                                   self.tokenizer.vocab_size, tools, self.tokenizer.encode)
+        public_id, pipeline_id = response_ids("chatcmpl", req.headers, body)
+        shape = shape or ResponseShape.chat(public_id, body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
-                             tools if tools is not None and tools.shapes_answer else None, parse)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body,
+                             tools if tools is not None and tools.shapes_answer else None, parse,
+                             echo=chat_echo(body, messages), pipeline_id=pipeline_id,
+                             guided_by=guided_field(body, tools))
 
     async def _completion(self, req: Request, resp: Response) -> None:
         body = self._served(parse_completion(req.body))
         prompt = completion_prompt(body.prompt)
         if isinstance(prompt, str):
-            self._check_prompt_chars(len(prompt), "prompt")
+            if body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
+                self._check_prompt_chars(len(prompt), "prompt")
             token_ids = await self._off_loop(lambda: self.tokenizer.encode(prompt), len(prompt))
         else:
             if max(prompt) >= self.tokenizer.vocab_size:
@@ -310,25 +340,39 @@ class FrontendService:
             token_ids = prompt
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
+        token_ids = self._truncated(token_ids, body)
         # OpenAI's completions default is 16 tokens.
         max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16,
                                          param="prompt")
         sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
-                                   self.tokenizer.vocab_size)
-        shape = ResponseShape.completion(new_id("cmpl"), body.model)
+                                   self.tokenizer.vocab_size, encode=self.tokenizer.encode)
+        public_id, pipeline_id = response_ids("cmpl", req.headers, body)
+        shape = ResponseShape.completion(public_id, body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
-        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
+        echo = completion_echo(body, prompt, tuple(token_ids), self.tokenizer.tokenizer.decode)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, echo=echo,
+                             pipeline_id=pipeline_id, guided_by=guided_field(body, None))
+
+    def _truncated(self, token_ids, body):
+        try:
+            return truncate_prompt(token_ids, body.truncate_prompt_tokens, body.truncation_side,
+                                   self._context_len())
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="truncate_prompt_tokens") from exc
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None) -> None:
-        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None,
+                        echo: Echo | None = None, pipeline_id: str | None = None,
+                        guided_by: str = "response_format") -> None:
+        await self._check_engines(sampling, guided_by)
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools, parse)
+            await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools, parse, echo,
+                                       pipeline_id or shape.id)
         finally:
             self._num_inflight -= 1
 
@@ -345,7 +389,8 @@ class FrontendService:
             raise refusal
 
     async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                              stop: tuple[str, ...], body, tools: ToolPlan | None, parse=None) -> None:
+                              stop: tuple[str, ...], body, tools: ToolPlan | None, parse=None,
+                              echo: Echo | None = None, pipeline_id: str = "") -> None:
         """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls);
         ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto")."""
         sessions: list[ParseSession] | None = [parse() for _ in range(body.n)] if parse else None
@@ -354,8 +399,9 @@ class FrontendService:
         continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
         include_usage = bool(body.stream_options and body.stream_options.include_usage
                              or getattr(shape, "always_usage", False))
-        choices = [ChoiceText(self.tokenizer.decoder(token_ids), None if sampling.logprobs is None else
-                           LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
+        choices = [ChoiceText(self.tokenizer.decoder(token_ids, detokenize_options(body)),
+                              None if sampling.logprobs is None else LogprobsRenderer(self._token_text, shape.is_chat),
+                              echo) for _ in range(body.n)]
         num_output = 0
         num_cached = -1
         last_s = 0.0
@@ -366,7 +412,7 @@ class FrontendService:
                 self.metrics.arrival_max_tokens.observe(sampling.max_tokens)
         self.metrics.inflight.inc()
         try:
-            fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n)
+            fanout = Choices(self.pipeline, pipeline_id or shape.id, body.model, token_ids, sampling, body.n)
             gen = fanout.__aiter__()
             async with aclosing(gen):
                 async for index, out in gen:
@@ -392,7 +438,9 @@ class FrontendService:
                                 "total_tokens": len(token_ids) + num_output}
                             if sessions is None:
                                 await resp.write(shape.delta_chunk(text, part, index, so_far))
-                            elif (delta := sessions[index].stream(text, out.token_ids)) or part is not None:
+                            elif (delta := sessions[index].stream(
+                                    text, out.token_ids, choice.stopped or out.finish_reason is not None)
+                                  ) or part is not None:
                                 await resp.write(shape.parsed_chunk(index, delta or {}, part, so_far))
                     if choice.stopped:
                         fanout.stop(index)
@@ -433,7 +481,11 @@ class FrontendService:
                     await resp.write(shape.tool_calls_chunk(index, calls))
             resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
         else:
-            resp.send(200, shape.full_response(results, usage))
+            if sampling.prompt_logprobs is None:
+                resp.send(200, shape.full_response(results, usage))
+            else:  # chat and completions only (the Responses API sends none)
+                resp.send(200, shape.full_response(results, usage, prompt_logprobs_json(
+                    token_ids, choices[0].prompt_logprobs, self._token_text)))
 
 
 

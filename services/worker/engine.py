@@ -76,6 +76,8 @@ class EngineOutput:
     transfer_failed: bool = False
     # One per token in token_ids when the request asked for logprobs (SamplingParams.logprobs).
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # SamplingParams.prompt_logprobs: on the first output, one per prompt token after the first (Tokens').
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

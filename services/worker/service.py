@@ -327,7 +327,7 @@ class WorkerService:
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
-                    logprobs=out.logprobs)
+                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
         except Exception as exc:
             if self._engine_is_dead():

@@ -41,6 +41,7 @@ from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
 from services.worker.engines.vllm.params import (
     decode_kv_params,
     kv_params_from_vllm,
+    prompt_logprobs,
     to_vllm_sampling,
     token_logprobs,
 )
@@ -274,6 +275,7 @@ class VllmEngine:
         failures_before = self._stats.num_transfer_failures
         skip_first = forced_token is not None
         num_top = request.sampling.logprobs or 0
+        scored_prompt = request.sampling.prompt_logprobs is not None and request.kv_transfer is None
         self._in_flight.add(request.request_id)
         try:
             async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
@@ -288,14 +290,18 @@ class VllmEngine:
                         )
                     # The forced token's logprobs are the prefill worker's (already sent): drop ours with it.
                     token_ids, logprobs, skip_first = token_ids[1:], logprobs[1:], False
+                scored = ()
+                if scored_prompt and out.prompt_logprobs:  # DELTA outputs: only the first carries them
+                    scored, scored_prompt = prompt_logprobs(prompt_ids, out.prompt_logprobs), False
                 if not out.finished:
                     if token_ids:
                         # Every output carries the prefix-cache hit: the frontend reads it off the first one.
                         yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
-                                           num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs)
+                                           num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs,
+                                           prompt_logprobs=scored)
                     continue
                 final = self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
-                yield dataclasses.replace(final, logprobs=logprobs)
+                yield dataclasses.replace(final, logprobs=logprobs, prompt_logprobs=scored)
         finally:
             self._in_flight.discard(request.request_id)
 
