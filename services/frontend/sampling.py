@@ -120,8 +120,8 @@ def bad_words_token_ids(words: list[str] | tuple[str, ...], encode: Callable[[st
 def _num_prompt_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     """vLLM's prompt_logprobs, or with echo the request's (top_)logprobs; not streamed (vLLM refuses it)."""
     num = req.prompt_logprobs
-    if num is None and req.echo:
-        num = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
+    if num is None and req.echo:  # vLLM's chat: top_logprobs, 0 when unset
+        num = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) else req.logprobs
     if num is None:
         return None
     _check(num >= 0 or num == -1, "prompt_logprobs must be a positive value or -1", "prompt_logprobs")

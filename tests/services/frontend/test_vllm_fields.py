@@ -118,6 +118,7 @@ def test_new_sampling_fields_travel_to_the_workers() -> None:
     # echo asks for the prompt's logprobs with the answer's count (completions: logprobs; chat: top_logprobs).
     assert params(completion(echo=True, logprobs=3)).prompt_logprobs == 3
     assert params(completion(echo=True)).prompt_logprobs is None
+    assert params(chat(echo=True)).prompt_logprobs == 0  # vLLM's chat: top_logprobs, default 0
 
 
 @pytest.mark.parametrize(("fields", "param"), [
