@@ -33,7 +33,7 @@ def completion(**fields):
 
 
 def params(req):
-    return sampling_params(req, 16, 16, TOK.eos_token_ids, TOK.vocab_size, encode=TOK.encode)
+    return sampling_params(req, 16, TOK.eos_token_ids, TOK.vocab_size, encode=TOK.encode)
 
 
 def feed_all(options: DetokenizeOptions, ids: list[int], stop: tuple[str, ...] = (),

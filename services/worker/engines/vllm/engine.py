@@ -275,7 +275,6 @@ class VllmEngine:
         failures_before = self._stats.num_transfer_failures
         skip_first = forced_token is not None
         num_top = request.sampling.logprobs or 0
-        scored_prompt = request.sampling.prompt_logprobs is not None and request.kv_transfer is None
         self._in_flight.add(request.request_id)
         try:
             async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
@@ -290,9 +289,8 @@ class VllmEngine:
                         )
                     # The forced token's logprobs are the prefill worker's (already sent): drop ours with it.
                     token_ids, logprobs, skip_first = token_ids[1:], logprobs[1:], False
-                scored = ()
-                if scored_prompt and out.prompt_logprobs:  # DELTA outputs: only the first carries them
-                    scored, scored_prompt = prompt_logprobs(prompt_ids, out.prompt_logprobs), False
+                # Asked for (never on a decode side that pulled the KV: params.py), on the first output only.
+                scored = prompt_logprobs(prompt_ids, out.prompt_logprobs) if out.prompt_logprobs else ()
                 if not out.finished:
                     if token_ids:
                         # Every output carries the prefix-cache hit: the frontend reads it off the first one.
