@@ -26,7 +26,7 @@ class LogprobsRenderer:
     def merge(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """One response's logprobs from the parts rendered per output slice."""
         if self._is_chat:
-            return {"content": [entry for part in parts for entry in part["content"]], "refusal": None}
+            return {"content": [entry for part in parts for entry in part["content"]]}
         keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
         return {key: [value for part in parts for value in part[key]] for key in keys}
 
@@ -57,7 +57,7 @@ class LogprobsRenderer:
             entry = self._chat_entry(lp.token_id, lp.logprob)
             entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in lp.top]
             content.append(entry)
-        return {"content": content, "refusal": None}
+        return {"content": content}  # vLLM's shape: no "refusal" key
 
     def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self._text(token_id)

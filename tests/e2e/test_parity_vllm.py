@@ -296,7 +296,7 @@ def _differences(got, expected, at: str = "") -> list[str]:
     """Each leaf where splitserve's answer differs from vLLM's, by path (pytest's own diff cuts nested ones)."""
     if isinstance(got, dict) and isinstance(expected, dict):
         return [d for k in sorted(got.keys() | expected.keys(), key=str)
-                for d in _differences(got.get(k), expected.get(k), f"{at}.{k}")]
+                for d in _differences(got.get(k, "<absent>"), expected.get(k, "<absent>"), f"{at}.{k}")]
     if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
         return [d for i, (a, b) in enumerate(zip(got, expected)) for d in _differences(a, b, f"{at}[{i}]")]
     return [] if got == expected else [f"{at}: splitserve {got!r} vLLM {expected!r}"]
