@@ -247,3 +247,28 @@ async def test_utility_routes_and_the_request_id_header() -> None:
         reply = await call(service, "POST", "/v1/completions", b'{"model": "tiny", "prompt": "a", "echo": 3}',
                            headers={"X-Request-Id": "client-8"})
         assert reply.status == 400 and reply.headers["x-request-id"] == "client-8"
+
+
+class _HoldingToolParser:
+    """A tool parser that streams a call's arguments but holds back the last '}' (as some of vLLM's do)."""
+
+    def extract_tool_calls_streaming(self, previous, current, delta, previous_ids, current_ids, delta_ids, request):
+        class Delta:
+            def model_dump(self, exclude_none=True):
+                return {"tool_calls": [{"index": 0, "function": {"arguments": delta.rstrip("}")}}]}
+        return Delta()
+
+    def get_remaining_unstreamed_args(self) -> str:
+        return "}"
+
+
+def test_the_streams_last_tool_call_delta_gets_the_held_back_arguments_as_vllm() -> None:
+    from services.frontend.vllm_parsers import ParseSession
+
+    session = ParseSession(request=None, tool=_HoldingToolParser(), reasoning=None)
+    first = session.stream('{"a": 1', [1])
+    assert first["tool_calls"][0]["function"]["arguments"] == '{"a": 1'
+    last = session.stream("}", [2], finished=True)  # vLLM's Parser.finalize_generation
+    assert last["tool_calls"][0]["function"]["arguments"] == "}"
+    unfinished = ParseSession(request=None, tool=_HoldingToolParser(), reasoning=None).stream("}", [2])
+    assert unfinished["tool_calls"][0]["function"]["arguments"] == ""
