@@ -67,7 +67,9 @@ def test_logprobs_are_a_sorted_distribution() -> None:
 
 @pytest.mark.parametrize("sampling", [
     SamplingParams(presence_penalty=0.5), SamplingParams(frequency_penalty=-1.0),
-    SamplingParams(repetition_penalty=1.2), SamplingParams(structured=StructuredOutput(json_object=True))])
+    SamplingParams(repetition_penalty=1.2), SamplingParams(structured=StructuredOutput(json_object=True)),
+    SamplingParams(structured=StructuredOutput(regex="a+")), SamplingParams(allowed_token_ids=(1, 2)),
+    SamplingParams(bad_words_token_ids=((3,),)), SamplingParams(prompt_logprobs=0)])
 def test_refuses_what_it_cannot_honour(sampling: SamplingParams) -> None:
     with pytest.raises(EngineError, match="does not support"):
         check_supported("r", sampling)
