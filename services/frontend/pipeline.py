@@ -242,8 +242,8 @@ class Pipeline:
                 if not out.token_ids or out.finish_reason not in ("stop", "length"):
                     return None
                 return _Prefilled(first_token_id=out.token_ids[0], kv_transfer=out.kv_transfer,
-                                  finish_reason=prefill_finish(out.finish_reason, sampling), num_cached_tokens=out.num_cached_tokens,
-                                  logprobs=out.logprobs)
+                                  finish_reason=prefill_finish(out.finish_reason, sampling),
+                                  num_cached_tokens=out.num_cached_tokens, logprobs=out.logprobs)
         except (WorkerLost, RemoteError) as exc:
             self.metrics.prefill_fallbacks.inc()
             log.warning("prefill_failed_local_fallback", request_id=request_id, worker=route.prefill.worker_id,

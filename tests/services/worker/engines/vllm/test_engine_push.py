@@ -55,7 +55,8 @@ def _pushed(prefill: SmokeEngine, decode: SmokeEngine, rid: str, prompt: list[in
     first = _generate(prefill, rid, prompt, sampling, prefill_only=True)
     kv = first["kv_transfer"]
     assert len(first["token_ids"]) == 1 and kv["remote_engine_id"] == "prefill-0" and kv["mode"] == "push"
-    rest = _generate(decode, rid, prompt, sampling, handoff={"first_token_id": first["token_ids"][0], "kv_transfer": kv})
+    handoff = {"first_token_id": first["token_ids"][0], "kv_transfer": kv}  # the prefill's prompt, the whole budget
+    rest = _generate(decode, rid, prompt, sampling, handoff=handoff)
     assert rest["finish_reason"] == "length" and not rest["transfer_failed"]
     return first["token_ids"] + rest["token_ids"]
 
