@@ -9,9 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
-import msgspec
 import orjson
 import structlog
 
@@ -31,9 +29,7 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
-    CompletionRequest,
     completion_prompt,
-    parse_chat,
     parse_completion,
     stop_strings,
 )
@@ -54,9 +50,6 @@ log = structlog.get_logger(__name__)
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
           "/health": "GET", "/tokenize": "POST", "/detokenize": "POST", "/version": "GET", "/ping": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
-
-
-_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @dataclass(frozen=True)
@@ -229,11 +222,6 @@ class FrontendService:
         return judge_health(counts, self._pools_seen), counts
 
     # ----------------------------------------------------------------------------------------- generation
-    def _served(self, body: _Body) -> _Body:
-        """The request under the served name (what workers registered and responses carry)."""
-        name = self._served_models.canonical(body.model)
-        return body if name == body.model else msgspec.structs.replace(body, model=name)
-
     def _context_len(self) -> int:
         return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
                                   self.config.model_name)
@@ -252,9 +240,8 @@ class FrontendService:
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
         tokenizer = self.tokenizer
-        chat = parse_chat_request(req.body, self._served(body or parse_chat(req.body)),
-                                  self._parsers if body is None else None, self._tool_parser,
-                                  self.config.enable_auto_tool_choice)
+        chat = parse_chat_request(req.body, body, self._served_models, self._parsers if body is None else None,
+                                  self._tool_parser, self.config.enable_auto_tool_choice)
         if chat.body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
             check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
         prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
@@ -266,14 +253,14 @@ class FrontendService:
         shape = shape or ResponseShape.chat(public_id, chat.body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(chat.body.stop), chat.body,
-                             chat.answer_tools, chat.parse, chat_echo(chat.body, chat.messages), pipeline_id,
+        await self._generate(resp, shape, tuple(token_ids), sampling, chat.stop, chat.body, chat.answer_tools,
+                             chat.parse, chat_echo(chat.body, chat.messages), pipeline_id,
                              guided_field(chat.body, chat.tools))
 
     async def _completion(self, req: Request, resp: Response) -> None:
         """parse, tokenize, admit, generate, shape."""
         tokenizer = self.tokenizer
-        body = self._served(parse_completion(req.body))
+        body = self._served_models.served(parse_completion(req.body))
         prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
         if isinstance(prompt, str) and body.truncate_prompt_tokens is None:  # one to be truncated: any length
             check_prompt_chars(len(prompt), tokenizer.max_token_chars, self._context_len(), "prompt")

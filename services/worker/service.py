@@ -264,13 +264,11 @@ class WorkerService:
         assert self._server is not None
         # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
-        request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote)
-        if msg.kv_transfer is not None:
-            self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
+        request = EngineRequest.of(msg)
+        if request.kv_transfer is not None:
+            self._transfer_sources.started(msg.request_id, request.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
-        # pulled or pushed from a prefill worker when kv_transfer is set, else prefilled here).
+        # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
         started_s = time.monotonic()
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
@@ -314,7 +312,7 @@ class WorkerService:
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
                      num_output_tokens=num_output_tokens,
-                     kv_transfer=msg.kv_transfer.mode if msg.kv_transfer is not None else "",
+                     kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
                      duration_ms=round((time.monotonic() - started_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)

@@ -8,6 +8,7 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+from common.continuation import prefill_sampling
 from common.errors import EngineError
 from common.protocol import (
     KvTransferMode,
@@ -23,34 +24,25 @@ from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
 def to_vllm_sampling(
     request: EngineRequest, model: ModelInfo | None
 ) -> tuple[VllmSamplingParams, int | None]:
-    """vLLM sampling params for a request, and the first token to force (decode requests) or None."""
-    sampling = request.sampling
+    """vLLM sampling params for a request, and the first token to force (a hand-off's) or None.
+
+    A hand-off keeps the request's budget as sent: the forced first token is one of its output tokens, and the
+    engine drops it from what it emits (common/continuation.py, ``ForcedFirst``)."""
+    sampling = prefill_sampling(request.sampling) if request.prefill_only else request.sampling
     stop_ids = set(sampling.stop_token_ids)
     if not sampling.ignore_eos and model is not None:
         stop_ids.update(model.eos_token_ids)
     extra_args: dict[str, Any] = {}
     forced_token: int | None = None
-    max_tokens = sampling.max_tokens
     if request.prefill_only:
-        max_tokens = 1
         extra_args["kv_transfer_params"] = {"do_remote_decode": True}
-    elif request.kv_transfer is not None:
-        if len(request.token_ids) < 2:
-            raise EngineError(f"{request.request_id}: a decode request needs the prompt plus the first token")
-        # The engine contract: max_tokens counts the tokens emitted after the first. vLLM re-runs the last
-        # prompt position and samples the (forced, dropped) first token again, so that step is one more.
-        forced_token = request.token_ids[-1]
-        max_tokens = sampling.max_tokens + 1
+    elif request.handoff is not None:
+        forced_token = request.handoff.first_token_id
         extra_args[FORCED_TOKEN_KEY] = forced_token
-    # min_tokens counts output tokens like max_tokens does: the forced first token is one more of them here,
-    # and a prefill-only request emits one token (vLLM refuses min_tokens > max_tokens).
-    min_tokens = sampling.min_tokens
-    if forced_token is not None and min_tokens > 0:
-        min_tokens += 1
     try:
         params = VllmSamplingParams(
-            max_tokens=max_tokens,
-            min_tokens=min(min_tokens, max_tokens),
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,

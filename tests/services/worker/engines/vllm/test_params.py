@@ -8,7 +8,7 @@ import pytest
 from msgspec.structs import replace
 
 from common.errors import EngineError
-from common.protocol import KvTransferParams, SamplingParams
+from common.protocol import Handoff, KvTransferParams, SamplingParams
 from services.worker.engine import EngineRequest
 
 pytestmark = [
@@ -91,13 +91,13 @@ def test_sampling_for_each_request_kind() -> None:
     assert params.extra_args["kv_transfer_params"] == {"do_remote_decode": True}
 
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
-    params, forced = to_vllm_sampling(EngineRequest("b", (7, 8, 42), sampling, kv_transfer=kv), None)
-    # max_tokens counts the tokens after the first; vLLM's forced (re-sampled, dropped) first step is one more.
-    assert params.max_tokens == 10 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
+    params, forced = to_vllm_sampling(EngineRequest("b", (7, 8), sampling, handoff=Handoff(42, kv)), None)
+    # The hand-off keeps the request's budget: the forced (re-sampled, dropped) first token is one of its tokens.
+    assert params.max_tokens == 9 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
     assert params.stop_token_ids == [5]
-
-    with pytest.raises(EngineError, match="prompt plus the first token"):
-        to_vllm_sampling(EngineRequest("c", (42,), sampling, kv_transfer=kv), None)
+    # Without KV to pull the same: the prompt is computed here, the first token forced all the same.
+    params, forced = to_vllm_sampling(EngineRequest("c", (7, 8), sampling, handoff=Handoff(42)), None)
+    assert params.max_tokens == 9 and forced == 42
 
 
 def test_sampling_controls_reach_vllm_on_both_sides() -> None:
@@ -110,8 +110,7 @@ def test_sampling_controls_reach_vllm_on_both_sides() -> None:
                               structured=StructuredOutput(json_schema=schema))
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
     prefill, _ = to_vllm_sampling(EngineRequest("p", (7, 8), sampling, prefill_only=True), None)
-    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8, 42), replace(sampling, max_tokens=8, min_tokens=3),
-                                               kv_transfer=kv), None)
+    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8), sampling, handoff=Handoff(42, kv)), None)
     for params in (prefill, decode):
         assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.3)
         assert params.logit_bias == {7: 100.0} and params.logprobs == 3 and params.seed == 11
@@ -120,7 +119,7 @@ def test_sampling_controls_reach_vllm_on_both_sides() -> None:
     sampled, _ = to_vllm_sampling(EngineRequest("s", (7,), SamplingParams(temperature=0.7, top_k=5, min_p=0.05)),
                                   None)
     assert (sampled.top_k, sampled.min_p) == (5, 0.05)
-    # min_tokens: one token on the prefill side; on the decode side the forced first token is one more output.
+    # min_tokens: one token on the prefill side; on the decode side the request's, the forced token one of them.
     assert prefill.min_tokens == 1 and decode.min_tokens == 4 and decode.max_tokens == 9
     any_json, _ = to_vllm_sampling(EngineRequest("j", (7,), SamplingParams(
         structured=StructuredOutput(json_object=True))), None)
