@@ -271,7 +271,7 @@ class FrontendService:
                 raise ApiError(400, f"request not valid for vLLM's parsers: {exc}") from exc
             parse = functools.partial(parsers.session, vllm_request, vllm_tools)
         messages = message_dicts(body.messages)
-        num_chars = message_chars(messages)
+        num_chars = message_chars(messages, body.tools)  # tool schemas render into the prompt too
         self._check_prompt_chars(num_chars, "messages")
         template_tools = tools.template_tools() if tools else None
         template_kwargs = check_template_kwargs(body.chat_template_kwargs)
