@@ -17,7 +17,8 @@ from common.timing import TimingModel
 from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from services.worker.service import WorkerConfig, WorkerService
+from services.worker.config import WorkerConfig
+from services.worker.service import WorkerService
 from tests.services.worker.test_roles import _until
 
 LIMITS = OutboxLimits(max_messages=32, max_bytes=256 * 1024, stall_timeout_s=0.5, socket_frames=8)
