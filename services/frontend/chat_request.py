@@ -78,7 +78,7 @@ def parse_chat_request(raw: bytes, body: ChatCompletionRequest | None, models: S
             raise ApiError(400, f"request not valid for vLLM's parsers: {exc}") from exc
         parse = functools.partial(parsers.session, vllm_request, vllm_tools)
     messages = message_dicts(body.messages)
-    return ChatRequest(body=body, messages=messages, num_chars=message_chars(messages), tools=tools,
+    return ChatRequest(body=body, messages=messages, num_chars=message_chars(messages, body.tools), tools=tools,
                        template_kwargs=check_template_kwargs(body.chat_template_kwargs), stop=stop_strings(body.stop),
                        parse=parse)
 

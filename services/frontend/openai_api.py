@@ -324,13 +324,20 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
-def message_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of text in message_dicts' messages (bounds the prompt's tokens before templating)."""
-    total = 0
+def message_chars(messages: list[dict[str, Any]], tools: Any = None) -> int:
+    """Characters the chat template renders from the request: message text, assistant tool calls and
+    reasoning, and the tool schemas (their JSON; templates render them into the prompt). Bounds the prompt's
+    tokens before templating and decides the off-loop path: a request of small messages and a megabyte of tool
+    schemas is as long as one with a megabyte of text."""
+    total = len(msgspec.json.encode(tools)) if tools else 0
     for m in messages:
         content = m["content"]
         if isinstance(content, str):
             total += len(content)
         elif content:
             total += sum(len(p["text"]) for p in content)
+        if m.get("tool_calls"):
+            total += len(msgspec.json.encode(m["tool_calls"]))
+        if isinstance(m.get("reasoning"), str):
+            total += len(m["reasoning"])
     return total

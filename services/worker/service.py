@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import structlog
 import zmq
@@ -24,7 +25,7 @@ import zmq.asyncio
 
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
-from common.outbox import PeerOutbox
+from common.outbox import PeerOutbox, PeerStalled
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -105,8 +106,10 @@ class WorkerService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
-        self._outbox = PeerOutbox(self._server, self._undelivered)
+        # Our high-water mark bounds what libzmq holds for a frontend that stopped reading (the outbox the rest).
+        self._server = Server(ctx, self.config.endpoint,
+                              replace(self.config.transport, hwm=self.config.outbox.socket_frames), mandatory=True)
+        self._outbox = PeerOutbox(self._server, self._undelivered, self.config.outbox)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._events_socket = EventsSocket(ctx, self.config.transport)
         if self._events is not None:
@@ -284,7 +287,15 @@ class WorkerService:
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
                     logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
+                await self._outbox.room(identity)  # a frontend that reads slowly pauses its requests' output
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
+        except PeerStalled as exc:
+            # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.
+            outcome = "failed"
+            log.warning("requester_stalled", request_id=msg.request_id, error=str(exc),
+                        num_dropped=self._outbox.drop(identity, msg.request_id))
+            await self.engine.abort(msg.request_id)
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="requester_stalled", message=str(exc)))
         except Exception as exc:
             if self._engine_is_dead():
                 # Not this request's fault: the frontend moves it to another worker (or this one's successor).
