@@ -119,7 +119,8 @@ def worker(
         EngineArgsError,
         parse_engine_args,
     )
-    from services.worker.service import WorkerConfig, WorkerService
+    from services.worker.config import WorkerConfig
+    from services.worker.service import WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
     import shlex
@@ -254,6 +255,10 @@ def worker(
         from cli.engine_reaper import start_engine_reaper
 
         start_engine_reaper()  # before vLLM starts its engine processes: they die with us, even by SIGKILL
+        from cli.shm_tracker import start_shm_tracker, sweep_stale_records
+
+        sweep_stale_records()  # what a killed worker's tracker held on this host
+        start_shm_tracker()  # after the reaper's fork (it must not hold the tracker's pipe): names survive a kill
         eng = VllmEngine(config)
     else:
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from common.protocol import (
     FinishReason,
+    Generate,
+    Handoff,
     KvTransferMode,
     KvTransferParams,
     SamplingParams,
@@ -20,6 +22,7 @@ from common.protocol import (
     TierLoadSample,
     TransferSample,
     WorkerLoad,
+    WorkerStats,
 )
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
@@ -49,16 +52,29 @@ KvEvent = BlocksStored | BlocksRemoved
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
+    """One request as ``Generate`` carries it. ``sampling`` is the whole request's: its budget counts every output
+    token, a hand-off's first one too (common/continuation.py: the rule both engines implement)."""
+
     request_id: str
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # the prompt (with a hand-off: the prompt the prefill worker ran)
     sampling: SamplingParams
-    # Compute the prompt, produce one token, keep the KV for a decode worker to pull.
+    # Compute the prompt, produce its first output token only, keep the KV for a decode worker to pull.
     prefill_only: bool = False
-    # Pull the prompt's KV from a prefill worker instead of computing it. token_ids is then the prompt
-    # followed by the prefill worker's first token; the engine computes only that last token.
-    kv_transfer: KvTransferParams | None = None
+    # Continue after the prefill worker's first token (emit only the tokens after it), the prompt's KV pulled
+    # from the prefill worker when the hand-off says where, else computed here.
+    handoff: Handoff | None = None
     # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
     kvtier_remote: str = ""
+
+    @property
+    def kv_transfer(self) -> KvTransferParams | None:
+        """Where the prompt's KV comes from (a hand-off's), None: computed or loaded here."""
+        return self.handoff.kv_transfer if self.handoff is not None else None
+
+    @classmethod
+    def of(cls, msg: Generate) -> EngineRequest:
+        return cls(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
+                   prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +92,8 @@ class EngineOutput:
     transfer_failed: bool = False
     # One per token in token_ids when the request asked for logprobs (SamplingParams.logprobs).
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # SamplingParams.prompt_logprobs: on the first output, one per prompt token after the first (Tokens').
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +115,18 @@ class EngineCounters:
     num_prompt_tokens_pulled: int = 0
     # The last loads from a KV tier one by one, oldest first (not drained; the heartbeat reports new ones once).
     recent_tier_loads: tuple[TierLoadSample, ...] = ()
+
+
+def worker_stats(request_id: str, worker_id: str, load: WorkerLoad, c: EngineCounters,
+                 recent_transfers: tuple[TransferSample, ...], simulated: bool) -> WorkerStats:
+    """The GetStats answer from the engine's counters; ``recent_transfers``: theirs with each peer named."""
+    return WorkerStats(
+        request_id=request_id, worker_id=worker_id, load=load, num_prefix_hits=c.num_prefix_hits,
+        num_transfers=c.num_transfers, num_transfer_failures=c.num_transfer_failures,
+        num_transfer_bytes=c.num_transfer_bytes, transfer_seconds_total=c.transfer_seconds_total,
+        num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=recent_transfers,
+        transfers_simulated=simulated, num_prompt_tokens_computed=c.num_prompt_tokens_computed,
+        num_prompt_tokens_cached=c.num_prompt_tokens_cached, num_prompt_tokens_pulled=c.num_prompt_tokens_pulled)
 
 
 class Engine(Protocol):

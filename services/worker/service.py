@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import structlog
 import zmq
@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
-from common.outbox import PeerOutbox
+from common.outbox import PeerOutbox, PeerStalled
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -51,9 +51,11 @@ from common.router_link import (
     send_all,
     split_endpoints,
 )
-from common.transport import Server, TransportConfig, new_id, open_context
-from services.worker.engine import Engine, EngineCounters, EngineRequest
+from common.transport import Server, new_id, open_context
+from services.worker.config import WorkerConfig
+from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
 from services.worker.kv_events import KvEventPublisher
+from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
 from services.worker.transfer_sources import TransferSources
@@ -63,36 +65,6 @@ log = structlog.get_logger(__name__)
 
 class EngineDied(EngineError):
     """The worker's engine can serve nothing more; ``WorkerService.run()`` ends with it (the CLI exits 3)."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    worker_id: str
-    role: Role
-    model: str
-    router_endpoint: str
-    # Where frontends reach this worker; port 0 picks a free one (the real one is registered).
-    endpoint: str = "tcp://127.0.0.1:0"
-    # What the router tells frontends to dial when it is not the bound endpoint (a socket bound to 0.0.0.0
-    # advertises this host's routable address or name): an endpoint, or a bare host (the bound port on it);
-    # "" registers the bound endpoint (a wildcard is refused: common/addresses.py).
-    advertise_endpoint: str = ""
-    # The machine this worker runs on and its optional zone, registered for the router's topology.
-    node: str = ""
-    zone: str = ""
-    engine_kind: str = "mock"
-    hash_seed: int = 0
-    heartbeat_interval_s: float = 0.25
-    register_timeout_s: float = 2.0
-    metrics_port: int = 0  # 0: no Prometheus endpoint
-    metrics_host: str = "127.0.0.1"  # bind address of /metrics
-    drain_timeout_s: float = 30.0
-    drain_quiet_s: float = 0.5
-    drain_transfer_grace_s: float = 2.0
-    # The engine serves either side of P/D (vLLM kv_both, the mock engine): routers may move this worker
-    # between the prefill and decode pools in place (SetRole; docs/architecture.md#roles).
-    switchable: bool = False
-    transport: TransportConfig = field(default_factory=TransportConfig)
 
 
 class WorkerService:
@@ -134,8 +106,10 @@ class WorkerService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
-        self._outbox = PeerOutbox(self._server, self._undelivered)
+        # Our high-water mark bounds what libzmq holds for a frontend that stopped reading (the outbox the rest).
+        self._server = Server(ctx, self.config.endpoint,
+                              replace(self.config.transport, hwm=self.config.outbox.socket_frames), mandatory=True)
+        self._outbox = PeerOutbox(self._server, self._undelivered, self.config.outbox)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._events_socket = EventsSocket(ctx, self.config.transport)
         if self._events is not None:
@@ -207,9 +181,7 @@ class WorkerService:
         blocks stay until the decode side pulled them, and new work of the new role is served at once. What
         the role changes is where routers send work (their pools follow our heartbeats), our metrics' labels,
         and our registration (a router that restarts learns the role from it)."""
-        refused = ("role must be prefill or decode" if msg.role not in ("prefill", "decode")
-                   else "not switchable" if not self.config.switchable
-                   else "draining" if self._draining else "")
+        refused = role_refusal(msg.role, self.config.switchable, self._draining)
         if refused:
             log.warning("role_refused", worker_id=self.config.worker_id, role=msg.role, reason=refused)
             return RoleSet(request_id=msg.request_id, worker_id=self.config.worker_id, role=self._role, ok=False,
@@ -242,13 +214,10 @@ class WorkerService:
         start_s = time.monotonic()
         # The router learns we drain from a heartbeat; until a beat after that, it may still route here.
         await asyncio.sleep(2 * cfg.heartbeat_interval_s)
-        quiet_s = cfg.drain_quiet_s + (cfg.drain_transfer_grace_s if self._role == "prefill" else 0.0)
+        quiet_s = drain_quiet_s(self._role, cfg.drain_quiet_s, cfg.drain_transfer_grace_s)
         while time.monotonic() - start_s < cfg.drain_timeout_s:
-            load = self.engine.load()
-            idle = not self._tasks and load.num_running == 0 and load.num_waiting == 0
-            # A worker moved out of prefill may still hold prefilled KV a decode worker is about to pull.
-            pulled = time.monotonic() - self._last_prefill_s >= cfg.drain_transfer_grace_s
-            if idle and pulled and time.monotonic() - self._last_arrival_s >= quiet_s:
+            if drained(len(self._tasks), self.engine.load(), time.monotonic(), self._last_arrival_s,
+                       self._last_prefill_s, quiet_s, cfg.drain_transfer_grace_s):
                 log.info("drained", worker_id=cfg.worker_id, drain_s=round(time.monotonic() - start_s, 3))
                 break
             await asyncio.sleep(0.05)
@@ -288,17 +257,9 @@ class WorkerService:
                     log.warning("abort_refused", request_id=rid, reason="not the requester")
             case GetStats(request_id=rid):
                 c = self._refresh_counters()
-                self._reply(identity, WorkerStats(
-                    request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
-                    num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
-                    num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
-                    transfer_seconds_total=c.transfer_seconds_total,
-                    num_transfer_descriptors=c.num_transfer_descriptors,
-                    recent_transfers=self._transfer_sources.named(c.recent_transfers),
-                    transfers_simulated=self.transfers_simulated,
-                    num_prompt_tokens_computed=c.num_prompt_tokens_computed,
-                    num_prompt_tokens_cached=c.num_prompt_tokens_cached,
-                    num_prompt_tokens_pulled=c.num_prompt_tokens_pulled))
+                self._reply(identity, worker_stats(rid, self.config.worker_id, self.engine.load(), c,
+                                                   self._transfer_sources.named(c.recent_transfers),
+                                                   self.transfers_simulated))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 
@@ -306,13 +267,11 @@ class WorkerService:
         assert self._server is not None
         # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
-        request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote)
-        if msg.kv_transfer is not None:
-            self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
+        request = EngineRequest.of(msg)
+        if request.kv_transfer is not None:
+            self._transfer_sources.started(msg.request_id, request.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
-        # pulled or pushed from a prefill worker when kv_transfer is set, else prefilled here).
+        # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
         started_s = time.monotonic()
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
@@ -327,8 +286,16 @@ class WorkerService:
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
-                    logprobs=out.logprobs)
+                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
+                await self._outbox.room(identity)  # a frontend that reads slowly pauses its requests' output
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
+        except PeerStalled as exc:
+            # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.
+            outcome = "failed"
+            log.warning("requester_stalled", request_id=msg.request_id, error=str(exc),
+                        num_dropped=self._outbox.drop(identity, msg.request_id))
+            await self.engine.abort(msg.request_id)
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="requester_stalled", message=str(exc)))
         except Exception as exc:
             if self._engine_is_dead():
                 # Not this request's fault: the frontend moves it to another worker (or this one's successor).
@@ -356,7 +323,7 @@ class WorkerService:
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
                      num_output_tokens=num_output_tokens,
-                     kv_transfer=msg.kv_transfer.mode if msg.kv_transfer is not None else "",
+                     kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
                      duration_ms=round((time.monotonic() - started_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)
