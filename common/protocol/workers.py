@@ -35,6 +35,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: int | None = None
     # Guided decoding (vLLM structured outputs); None: free text.
     structured: StructuredOutput | None = None
+    # vLLM's request priority: lower runs earlier (engines with priority scheduling; 0 for all: arrival order).
+    priority: int = 0
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -1,20 +1,45 @@
 """The admission queue (admission.py) on the event loop: a request waits for its slot, or is shed as an
-OpenAI-shaped 429/503 with Retry-After. Also where a request's priority and tenant are read off it."""
+OpenAI-shaped 429/503 with Retry-After. Also where a request's priority and tenant are read off it, and where its
+trace starts (the root span and the frontend_queue phase)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import msgspec
+
+from common import tracing
 from services.frontend.admission import DEFAULT_TENANT, AdmissionConfig, AdmissionQueue, Shed, retry_after_s
 from services.frontend.openai_api import ApiError
 
 # Header names (lower case, as http.py keys them).
 PRIORITY_HEADER = "x-priority"
 TENANT_HEADER = "x-tenant"
+
+# The admitted request's priority, for its SamplingParams (the engine's own priority scheduling): set by
+# ``admitted`` in the request's task, read where the sampling is built.
+current_priority: contextvars.ContextVar[int] = contextvars.ContextVar("current_priority", default=0)
+
+
+class _Priority(msgspec.Struct):
+    priority: int | None = None
+
+
+_sniff = msgspec.json.Decoder(_Priority)
+
+
+def body_priority(body: bytes) -> int | None:
+    """The body's top-level ``priority``, read before the full parse (which reports a malformed body)."""
+    try:
+        return _sniff.decode(body).priority
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def request_priority(body_priority: int | None, headers: dict[str, str]) -> int:
@@ -48,18 +73,33 @@ class AdmissionGate:
         self._waiting: dict[str, asyncio.Future[None]] = {}
         # Seconds a request held its slot, smoothed: what Retry-After estimates the queue's drain from.
         self._mean_service_s = 1.0
+        self._ids = itertools.count()
+
+    @asynccontextmanager
+    async def admitted(self, path: str, body: bytes, headers: dict[str, str]) -> AsyncIterator[None]:
+        """A generate request's whole life: its root span, its wait for a slot (frontend_queue), its priority."""
+        priority = request_priority(body_priority(body), headers)
+        tenant = request_tenant(headers)
+        with tracing.span("request", path=path, tenant=tenant, priority=priority):
+            async with self.slot("", tenant, priority):
+                token = current_priority.set(priority)
+                try:
+                    yield
+                finally:
+                    current_priority.reset(token)
 
     @asynccontextmanager
     async def slot(self, request_id: str, tenant: str, priority: int) -> AsyncIterator[None]:
         """Holds a slot for the body; raises ApiError (429/503) when this request is shed."""
-        ticket = self.queue.ticket(request_id, tenant, priority, time.monotonic())
-        arrival = self.queue.arrive(ticket)
-        for shed in arrival.shed:
-            self._refuse(shed)
-        if any(s.ticket is ticket for s in arrival.shed):
-            raise self._error(next(s for s in arrival.shed if s.ticket is ticket))
-        if not arrival.runs:
-            await self._wait(ticket.request_id, tenant)
+        ticket = self.queue.ticket(request_id or f"q{next(self._ids)}", tenant, priority, time.monotonic())
+        with tracing.span("frontend.queue", phase="frontend_queue"):
+            arrival = self.queue.arrive(ticket)
+            for shed in arrival.shed:
+                self._refuse(shed)
+            if any(s.ticket is ticket for s in arrival.shed):
+                raise self._error(next(s for s in arrival.shed if s.ticket is ticket))
+            if not arrival.runs:
+                await self._wait(ticket.request_id, tenant)
         start_s = time.monotonic()
         try:
             yield

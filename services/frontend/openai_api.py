@@ -101,6 +101,8 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # vLLM's: keep the k most likely tokens (0 or -1: all), and those at least min_p times the likeliest's.
     top_k: int | None = None
     min_p: float | None = None
+    # vLLM's: lower runs earlier; read by the admission queue before this parse (admission_gate.py).
+    priority: int | None = None
     # Refused when set (see UNSUPPORTED).
     best_of: int | None = None
 

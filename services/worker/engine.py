@@ -59,6 +59,8 @@ class EngineRequest:
     kv_transfer: KvTransferParams | None = None
     # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
     kvtier_remote: str = ""
+    # Generate.traceparent: the request's trace, for engines that trace themselves (vLLM's trace_headers).
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,10 @@ class EngineOutput:
     transfer_failed: bool = False
     # One per token in token_ids when the request asked for logprobs (SamplingParams.logprobs).
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # On the first output, engines that time their phases (mock): when the engine first scheduled the request
+    # and when its pulled KV landed, monotonic seconds of this host; 0: not reported (the worker's trace spans).
+    scheduled_s: float = 0.0
+    loaded_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

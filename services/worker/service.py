@@ -23,6 +23,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from common import tracing
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
 from common.outbox import PeerOutbox
@@ -56,6 +57,7 @@ from services.worker.engine import Engine, EngineCounters, EngineRequest
 from services.worker.kv_events import KvEventPublisher
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
+from services.worker.trace_phases import trace_request
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
@@ -308,7 +310,7 @@ class WorkerService:
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
         request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                                 prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote)
+                                kvtier_remote=msg.kvtier_remote, traceparent=msg.traceparent)
         if msg.kv_transfer is not None:
             self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
@@ -316,8 +318,11 @@ class WorkerService:
         kind = "prefill" if msg.prefill_only else "generate"
         started_s = time.monotonic()
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
+        first: tuple[float, float, float] | None = None  # (first token at, engine's scheduled_s, loaded_s)
         try:
             async for out in self.engine.generate(request):
+                if first is None:
+                    first = (time.monotonic(), out.scheduled_s, out.loaded_s)
                 self._transfer_sources.finished(msg.request_id)
                 num_output_tokens += len(out.token_ids)
                 num_cached_tokens = out.num_cached_tokens
@@ -352,6 +357,9 @@ class WorkerService:
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
+            if msg.traceparent and tracing.enabled():
+                trace_request(msg, started_s, first, self.transfers_simulated, worker_id=self.config.worker_id,
+                              outcome=outcome)
             # One line a request at info: where each prompt was prefilled is visible on the worker itself.
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,

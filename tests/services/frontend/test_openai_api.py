@@ -29,7 +29,8 @@ HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens"
             "stop", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
             "ignore_eos", "min_tokens", "repetition_penalty", "stop_token_ids", "logprobs", "top_logprobs",
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "top_k", "min_p",
-            "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
+            "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+            "priority"}  # priority: the admission queue and the engine (services/frontend/admission_gate.py)
 
 
 def chat(**fields) -> ChatCompletionRequest:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -48,6 +50,9 @@ class _Live:
     emitted: bool = False
     # Its KV pull failed (--mock-nixl) and the prompt is recomputed here: its first output says so.
     transfer_failed: bool = False
+    # Monotonic s: first scheduled (a prefill chunk or a KV load), its KV load landed; on the first output.
+    scheduled_s: float = 0.0
+    loaded_s: float = 0.0
 
 
 class MockEngine:
@@ -251,6 +256,7 @@ class MockEngine:
         try:
             while True:
                 plan = self._scheduler.schedule() if self._scheduler.has_work() else StepPlan()
+                self._note_scheduled(plan)
                 self._collect_events()
                 in_step_s = sum(self._start_load(load) for load in plan.loads)
                 if not (plan.prefills or plan.decode_seq_ids):
@@ -270,6 +276,11 @@ class MockEngine:
         except Exception as exc:
             log.exception("mock engine step loop failed")
             self._fail(exc)
+
+    def _note_scheduled(self, plan: StepPlan) -> None:
+        for seq_id in itertools.chain((c.seq_id for c in plan.prefills), (load.seq_id for load in plan.loads)):
+            if (live := self._live.get(seq_id)) is not None and not live.scheduled_s:
+                live.scheduled_s = time.monotonic()
 
     def _note_prefill_rate(self, num_prefill_tokens: int, step_s: float) -> None:
         """Fold one step into the reported prefill rate (a mixed step's decode share counts against it, as on
@@ -302,7 +313,8 @@ class MockEngine:
 
     def _emit(self, output: SeqOutput, logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         live = self._live[output.seq_id]
-        if not live.emitted:
+        first = not live.emitted
+        if first:
             live.emitted = True
             live.num_cached_tokens = output.num_cached_tokens
             self._num_prefix_hits += 1 if output.num_cached_tokens > 0 else 0
@@ -330,6 +342,8 @@ class MockEngine:
                 kv_transfer=kv_transfer,
                 transfer_failed=transfer_failed,
                 logprobs=logprobs,
+                scheduled_s=live.scheduled_s if first else 0.0,
+                loaded_s=live.loaded_s if first else 0.0,
             )
         )
 
@@ -358,7 +372,7 @@ class MockEngine:
                      src_worker_id: str = "") -> None:
         try:
             self._load_handles.pop(seq_id, None)
-            if not self._scheduler.finish_load(seq_id):
+            if not self._land(seq_id):
                 return
             if onboard:  # from a KV tier, counted apart from prefill-worker transfers
                 self.num_onboards += 1
@@ -374,10 +388,16 @@ class MockEngine:
             log.exception("mock engine transfer completion failed", request_id=seq_id)
             self._fail(exc)
 
+    def _land(self, seq_id: str) -> bool:
+        """A load's KV arrived: the sequence runs (False: it was not loading)."""
+        if (landed := self._scheduler.finish_load(seq_id)) and (live := self._live.get(seq_id)) is not None:
+            live.loaded_s = time.monotonic()
+        return landed
+
     def _pull_done(self, seq_id: str, ok: bool) -> None:
         """A NIXL pull ended: the KV is here and checked, or the prompt is recomputed here."""
         if ok:
-            self._scheduler.finish_load(seq_id)
+            self._land(seq_id)
         elif self._scheduler.fail_load(seq_id) and (live := self._live.get(seq_id)) is not None:
             live.transfer_failed = True
         self._wakeup.set()
