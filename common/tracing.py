@@ -6,8 +6,7 @@ form one trace: the frontend's root span, its admission wait and route, and one 
 each process continuing the trace from the W3C ``traceparent`` carried in the wire messages (RouteRequest,
 Generate).
 
-The phases (``splitserve.phase``), in a disaggregated request's order: frontend_queue, route, prefill_queue,
-prefill, transfer, decode_queue, decode. Worker phases are recorded when the engine reports its times (the
+The phases (``splitserve.phase``), in a disaggregated request's order: PHASES. Worker phases are recorded when the engine reports its times (the
 engine's own monotonic clock, converted to wall time here).
 """
 
@@ -19,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("frontend_queue", "route", "prefill_queue", "prefill", "transfer", "decode_queue", "decode")
+# In a disaggregated request's order. The decode engine queues the request before it pulls: a decode slot and KV
+# blocks must be free to receive the prompt's KV, so decode_queue comes before transfer.
+PHASES = ("frontend_queue", "route", "prefill_queue", "prefill", "decode_queue", "transfer", "decode")
 PHASE_ATTR = "splitserve.phase"
 
 _tracer: Any = None  # an opentelemetry Tracer once configure() ran; None: tracing off
@@ -89,16 +90,17 @@ def record_remote(name: str, parent: str, start_s: float, end_s: float, phases: 
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     context = TraceContextTextMapPropagator().extract({"traceparent": parent})
-    server = _tracer.start_span(name, context=context, kind=SpanKind.SERVER, start_time=wall_ns(start_s),
+    offset_ns = time.time_ns() - time.monotonic_ns()  # one conversion for all: phases that touch stay touching
+    server = _tracer.start_span(name, context=context, kind=SpanKind.SERVER, start_time=_ns(start_s, offset_ns),
                                 attributes=attributes)
     inside = trace.set_span_in_context(server)
     for p in phases:
-        child = _tracer.start_span(p.name, context=inside, start_time=wall_ns(p.start_s),
+        child = _tracer.start_span(p.name, context=inside, start_time=_ns(p.start_s, offset_ns),
                                    attributes={PHASE_ATTR: p.phase, **p.attributes})
-        child.end(end_time=wall_ns(max(p.end_s, p.start_s)))
-    server.end(end_time=wall_ns(end_s))
+        child.end(end_time=_ns(max(p.end_s, p.start_s), offset_ns))
+    server.end(end_time=_ns(end_s, offset_ns))
 
 
-def wall_ns(monotonic_s: float) -> int:
-    """A monotonic time as epoch nanoseconds (what span times are)."""
-    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+def _ns(monotonic_s: float, offset_ns: int) -> int:
+    """A monotonic time as epoch nanoseconds (what span times are), given wall minus monotonic clock."""
+    return int(monotonic_s * 1e9) + offset_ns

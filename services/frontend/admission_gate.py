@@ -38,7 +38,7 @@ def body_priority(body: bytes) -> int | None:
     """The body's top-level ``priority``, read before the full parse (which reports a malformed body)."""
     try:
         return _sniff.decode(body).priority
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: msgspec's own limit
         return None
 
 
