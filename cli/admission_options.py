@@ -15,6 +15,9 @@ TtftBudgets = typer.Option("", help="TTFT budgets by priority, PRIORITY=SECONDS,
                            "queue is its arrival plus the budget of the largest listed priority at or below its own "
                            "(e.g. '0=0.5,10=30')")
 DefaultTtftBudgetS = typer.Option(10.0, help="TTFT budget of priorities below every --ttft-budgets entry")
+ReservedInflight = typer.Option(0, min=0, help="The last this-many --max-inflight slots only for requests of "
+                                "priority <= --reserved-max-priority (less important work never holds them all)")
+ReservedMaxPriority = typer.Option(0, help="Least important priority (largest value) the reserved slots take")
 TenantWeights = typer.Option("", help="Tenant shares, TENANT=WEIGHT,...: tenants (the x-tenant header, else one "
                              "per API key) share slots in proportion (unlisted: 1)")
 
@@ -36,22 +39,30 @@ def _pairs(text: str, flag: str) -> list[tuple[str, float]]:
 
 
 def admission_config(max_inflight: int, max_queued: int, max_queue_wait_s: float, ttft_budgets: str,
-                     default_ttft_budget_s: float, tenant_weights: str) -> AdmissionConfig:
+                     default_ttft_budget_s: float, tenant_weights: str, reserved_inflight: int = 0,
+                     reserved_max_priority: int = 0) -> AdmissionConfig:
     budgets = []
     for name, seconds in _pairs(ttft_budgets, "--ttft-budgets"):
         try:
             budgets.append((int(name), seconds))
         except ValueError:
             raise typer.BadParameter(f"{name!r} is not an integer priority", param_hint="--ttft-budgets") from None
+    if reserved_inflight >= max_inflight:
+        raise typer.BadParameter("must leave at least one of --max-inflight's slots to every priority",
+                                 param_hint="--reserved-inflight")
     return AdmissionConfig(max_inflight=max_inflight, max_queued=max_queued, max_queue_wait_s=max_queue_wait_s,
+                           reserved_inflight=reserved_inflight, reserved_max_priority=reserved_max_priority,
                            ttft_budgets_s=tuple(sorted(budgets)), default_ttft_budget_s=default_ttft_budget_s,
                            tenant_weights=dict(_pairs(tenant_weights, "--tenant-weights")))
 
 
 def admission_args(max_inflight: int, max_queued: int, max_queue_wait_s: float, ttft_budgets: str,
-                   default_ttft_budget_s: float, tenant_weights: str) -> tuple[str, ...]:
+                   default_ttft_budget_s: float, tenant_weights: str, reserved_inflight: int,
+                   reserved_max_priority: int) -> tuple[str, ...]:
     """The same options as `up` hands them to each frontend (checked first: a typo fails `up`, not a child)."""
-    admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s, tenant_weights)
+    admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s, tenant_weights,
+                     reserved_inflight, reserved_max_priority)
     return ("--max-inflight", str(max_inflight), "--max-queued", str(max_queued), "--max-queue-wait-s",
             str(max_queue_wait_s), "--ttft-budgets", ttft_budgets, "--default-ttft-budget-s",
-            str(default_ttft_budget_s), "--tenant-weights", tenant_weights)
+            str(default_ttft_budget_s), "--tenant-weights", tenant_weights, "--reserved-inflight",
+            str(reserved_inflight), "--reserved-max-priority", str(reserved_max_priority))

@@ -10,6 +10,8 @@ from cli.admission_options import (
     DefaultTtftBudgetS,
     MaxQueued,
     MaxQueueWaitS,
+    ReservedInflight,
+    ReservedMaxPriority,
     TenantWeights,
     TtftBudgets,
     admission_config,
@@ -79,6 +81,8 @@ def frontend(
     ttft_budgets: str = TtftBudgets,
     default_ttft_budget_s: float = DefaultTtftBudgetS,
     tenant_weights: str = TenantWeights,
+    reserved_inflight: int = ReservedInflight,
+    reserved_max_priority: int = ReservedMaxPriority,
     otlp_traces_endpoint: str = OtlpTracesEndpoint,
     chat_template: Path | None = ChatTemplate,
     tool_call_parser: str | None = ToolCallParser,
@@ -101,7 +105,7 @@ def frontend(
     if enable_auto_tool_choice and not tool_call_parser:
         raise typer.BadParameter("--enable-auto-tool-choice needs --tool-call-parser", param_hint="--tool-call-parser")
     admission = admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s,
-                                 tenant_weights)
+                                 tenant_weights, reserved_inflight, reserved_max_priority)
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
     configure_tracing(otlp_traces_endpoint, "frontend")

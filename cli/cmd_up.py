@@ -25,6 +25,8 @@ from cli.admission_options import (
     DefaultTtftBudgetS,
     MaxQueued,
     MaxQueueWaitS,
+    ReservedInflight,
+    ReservedMaxPriority,
     TenantWeights,
     TtftBudgets,
     admission_args,
@@ -184,6 +186,8 @@ def up(
     ttft_budgets: str = _in_panel(TtftBudgets, FRONTEND),
     default_ttft_budget_s: float = _in_panel(DefaultTtftBudgetS, FRONTEND),
     tenant_weights: str = _in_panel(TenantWeights, FRONTEND),
+    reserved_inflight: int = _in_panel(ReservedInflight, FRONTEND),
+    reserved_max_priority: int = _in_panel(ReservedMaxPriority, FRONTEND),
     curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
                                "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
     curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
@@ -276,7 +280,8 @@ def up(
                      frontend_args=frontend_args(chat_template, tool_call_parser, reasoning_parser,
                                                  enable_auto_tool_choice)
                      + admission_args(max_inflight, max_queued, max_queue_wait_s, ttft_budgets,
-                                      default_ttft_budget_s, tenant_weights),
+                                      default_ttft_budget_s, tenant_weights, reserved_inflight,
+                                      reserved_max_priority),
                      otlp_traces_endpoint=otlp_traces_endpoint)
     raise typer.Exit(launch(spec))
 

@@ -6,7 +6,8 @@ between tenants of that priority weighted fair queueing (the tenant with the lea
 tenant that comes back from idle starts level with the others, it banks no credit), then within the tenant the
 earliest deadline (arrival + the TTFT budget of its priority). A full queue sheds the least important request of
 all, the newcomer included: the highest priority value, then the tenant furthest over its share, then the
-latest deadline. The shed one gets 429 when its tenant holds more than its share of the frontend, else 503.
+latest deadline. The shed one gets 429 when its tenant holds more than its share of the frontend, else 503. Slots may be
+reserved for important requests (``reserved_inflight``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ class AdmissionConfig:
     # priority at or below it, default_ttft_budget_s below them all. The deadline orders a tenant's requests.
     ttft_budgets_s: tuple[tuple[int, float], ...] = ()
     default_ttft_budget_s: float = 10.0
+    # The last this-many of max_inflight slots only for requests of priority <= reserved_max_priority: a burst of
+    # less important work never holds every slot, so an important request starts at once instead of waiting for
+    # one to end (the frontend preempts nothing that runs).
+    reserved_inflight: int = 0
+    reserved_max_priority: int = 0
+
+    def slots_for(self, priority: int) -> int:
+        """Slots a request of ``priority`` may start in."""
+        return self.max_inflight if priority <= self.reserved_max_priority else self.max_inflight - self.reserved_inflight
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, 1.0)
@@ -97,7 +107,7 @@ class AdmissionQueue:
 
     # ------------------------------------------------------------------------------------------- changes
     def arrive(self, ticket: Ticket) -> Arrival:
-        if self.num_running < self.config.max_inflight and not self._queued:
+        if self.num_running < self.config.slots_for(ticket.priority) and not self._queued_at_or_before(ticket.priority):
             self._start(ticket)
             return Arrival(runs=True)
         self._push(ticket)
@@ -124,7 +134,7 @@ class AdmissionQueue:
 
     def dispatch(self) -> list[Ticket]:
         started: list[Ticket] = []
-        while self._queued and self.num_running < self.config.max_inflight:
+        while self._queued and self.num_running < self.config.slots_for(min(self._levels)):
             ticket = self._pop_next()
             self._start(ticket)
             started.append(ticket)
@@ -193,6 +203,10 @@ class AdmissionQueue:
         if self._over_share(ticket.tenant) > 1.0 and len(self._present()) > 1:
             return Shed(ticket, 429, f"tenant {ticket.tenant!r} is over its share of this server")
         return Shed(ticket, 503, f"{why}; retry shortly")
+
+    def _queued_at_or_before(self, priority: int) -> bool:
+        """Someone queued goes before a newcomer of ``priority`` (lower or equal values: they came first)."""
+        return bool(self._levels) and min(self._levels) <= priority
 
     def _present(self) -> set[str]:
         return set(self._running_by_tenant) | set(self._queued_by_tenant)

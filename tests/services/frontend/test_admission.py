@@ -180,3 +180,14 @@ async def test_gate_queues_then_sheds_the_waiter_as_an_api_error() -> None:
     assert await asyncio.gather(first, low, high) == [200, 503, 200]
     assert order == ["first", "high"]
     assert gate.queue.num_running == 0 and gate.queue.num_queued == 0
+
+
+def test_reserved_slots_go_only_to_important_requests() -> None:
+    queue = _queue(max_inflight=3, max_queued=10, reserved_inflight=1, reserved_max_priority=0)
+    assert queue.arrive(queue.ticket("low1", "t", 5, 0.0)).runs
+    assert queue.arrive(queue.ticket("low2", "t", 5, 0.0)).runs
+    assert not queue.arrive(queue.ticket("low3", "t", 5, 0.0)).runs  # the last slot is reserved
+    assert queue.arrive(queue.ticket("high", "t", 0, 0.0)).runs  # past the queued low one: it may use it
+    assert queue.finish("t") == []  # high ended: the reserved slot is free again, still not low3's
+    (started,) = queue.finish("t")  # a low one ended: low3 takes its slot
+    assert started.request_id == "low3"
