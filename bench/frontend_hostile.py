@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "frontend_hostile.json")
     args = ap.parse_args()
 
-    from services.frontend.http_response import HttpConfig
+    from services.frontend.http_messages import HttpConfig
     from services.frontend.tokenizer import ModelTokenizer
     from services.worker.engines.mock.config import MockEngineConfig
 

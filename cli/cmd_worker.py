@@ -121,7 +121,8 @@ def worker(
         EngineArgsError,
         parse_engine_args,
     )
-    from services.worker.service import WorkerConfig, WorkerService
+    from services.worker.config import WorkerConfig
+    from services.worker.service import WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
     configure_tracing(otlp_traces_endpoint, f"worker-{role}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 import typer
 
-from services.frontend.http_response import HttpConfig
+from services.frontend.http_messages import HttpConfig
 
 _DEFAULT = HttpConfig()
 _KIB, _MIB = 1024, 1024 * 1024

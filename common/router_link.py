@@ -4,8 +4,8 @@ Workers and kvtier register with, heartbeat to and publish their KV events to ev
 replica holds the whole picture and any one of them can route (no single point of failure). One ``RouterLink``
 per router: it registers until that router answers, heartbeats every ``interval_s``, registers again when a
 restarted router says ``not_registered``, and answers its ``KvSnapshotRequest``s and the ``SetRole``s it
-forwards. One ``EventsSocket`` (a PUB connected to every router's SUB) carries the numbered ``KvEvents`` to all
-of them at once.
+forwards. One ``EventsSocket`` (a PUB connected to every router's SUB, ``bind_events_subscriber``) carries the
+numbered ``KvEvents`` to all of them at once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from common.addresses import dialable
 from common.backoff import Backoff
 from common.errors import RegistrationRefused, RemoteError, TransportTimeout
 from common.protocol import ErrorReply, KvSnapshot, KvSnapshotRequest, Message, RegisterAck, RoleSet, SetRole
-from common.security import secure_client
+from common.security import secure_client, secure_server
 from common.transport import Client, TransportConfig, new_id
 
 log = structlog.get_logger(__name__)
@@ -33,6 +33,19 @@ def split_endpoints(routers: str) -> tuple[str, ...]:
     if not endpoints:
         raise ValueError(f"no router endpoint in {routers!r}")
     return endpoints
+
+
+def bind_events_subscriber(ctx: zmq.asyncio.Context, config: TransportConfig, endpoint: str
+                           ) -> tuple[zmq.asyncio.Socket, str]:
+    """The router's end of every source's ``EventsSocket``: a SUB bound at ``endpoint``, and where it bound."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.MAXMSGSIZE, config.hard_max_message_bytes)
+    sub.setsockopt(zmq.RCVHWM, config.hwm)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure_server(sub, config.curve)
+    sub.bind(endpoint)
+    return sub, sub.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 class EventsSocket:

@@ -90,6 +90,16 @@ def test_no_module_edits_sys_path() -> None:
     assert edits == []
 
 
+MAX_MODULE_LINES = 400  # one concept a file: a module past this holds two (docs/development.md)
+
+
+def test_no_module_of_the_product_is_over_400_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for package in ("cli", "common", "services")
+            for path in sorted((ROOT / package).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == []
+
+
 @pytest.mark.parametrize(("source", "expected"), [
     ("from services.worker.engine import Engine\n", ["services.worker.engine.Engine"]),
     ("import services.router.policy as p\n", ["services.router.policy"]),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httptools
 import structlog
 
-from services.frontend.http_response import HttpConfig, Request, Response, error_body
+from services.frontend.http_messages import HttpConfig, Request, Response, error_body
 
 __all__ = ["HttpConfig", "Request", "Response", "serve"]
 

@@ -223,8 +223,8 @@ def parse_completion(body: bytes) -> CompletionRequest:
     return req
 
 
-def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
-    """The one prompt of a completion request: its text or its token ids."""
+def completion_prompt(prompt: str | list[Any], vocab_size: int) -> str | list[int]:
+    """The one prompt of a completion request: its text or its token ids (each in the vocabulary)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > 1:
             raise ApiError(400, "only one prompt per request is supported", param="prompt")
@@ -233,6 +233,8 @@ def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
         raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
     if not prompt:
         raise ApiError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt, list) and max(prompt) >= vocab_size:
+        raise ApiError(400, f"token id {max(prompt)} is outside the vocabulary ({vocab_size})", param="prompt")
     return prompt
 
 

@@ -31,13 +31,10 @@ _ENGINE_UNSUPPORTED: dict[str, tuple[str, ...]] = {
 }
 
 
-def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
-                    default_max_tokens: int, eos_token_ids: tuple[int, ...], vocab_size: int,
-                    tools: ToolPlan | None = None) -> SamplingParams:
+def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_tokens: int,
+                    eos_token_ids: tuple[int, ...], vocab_size: int, tools: ToolPlan | None = None) -> SamplingParams:
+    """``max_tokens``: the request's budget as token_budget.max_tokens_for decided it."""
     _check(1 <= req.n <= MAX_CHOICES, f"n must be between 1 and {MAX_CHOICES}", "n")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-    max_tokens = max_tokens or default_max_tokens
     temperature = 1.0 if req.temperature is None else req.temperature
     _check(0.0 <= temperature <= 2.0, "temperature must be between 0 and 2", "temperature")
     top_p = 1.0 if req.top_p is None else req.top_p

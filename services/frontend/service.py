@@ -7,7 +7,6 @@ import functools
 import hmac
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -16,45 +15,37 @@ import msgspec
 import orjson
 import structlog
 
-from common.errors import ModelError, NoWorkerError, RemoteError, SplitserveError, WorkerLost
+from common.errors import SplitserveError
 from common.transport import new_id
 from services.frontend.admission import AdmissionConfig
 from services.frontend.admission_gate import AdmissionGate, current_priority
-from services.frontend.chat_render import ChatRenderError
-from services.frontend.choice_text import ChoiceText
-from services.frontend.choices import Choices
-from services.frontend.context import (
-    min_prompt_tokens,
-    offload_tokenization,
-    served_context_len,
-)
+from services.frontend.answer import Answers
+from services.frontend.chat_request import parse_chat_request, render
+from services.frontend.completion_bodies import ResponseShape
+from services.frontend.context import offload_tokenization, served_context_len
 from services.frontend.dashboard import Dashboard
 from services.frontend.health import PoolCounts, count_pools, judge_health
 from services.frontend.http import HttpConfig, Request, Response, serve
-from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.loop_lag import watch_loop_lag
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
-    check_template_kwargs,
     completion_prompt,
-    message_chars,
-    message_dicts,
     parse_chat,
     parse_completion,
     stop_strings,
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
-from services.frontend.responses import ResponseShape
-from services.frontend.responses_api import ResponsesShape, parse_responses
-from services.frontend.served_models import ServedModels
+from services.frontend.responses_as_chat import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
+from services.frontend.served_models import ServedModels
+from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_prompt_chars, max_tokens_for
 from services.frontend.tokenizer import ModelTokenizer
 from services.frontend.tool_parsers import parser_for_template
-from services.frontend.tools import ToolPlan, plan_tools, tool_answer
-from services.frontend.vllm_parsers import ParseSession, VllmParsers
+from services.frontend.tools import ToolPlan
+from services.frontend.vllm_parsers import VllmParsers
 
 log = structlog.get_logger(__name__)
 
@@ -122,7 +113,8 @@ class FrontendService:
         # vLLM's own parsers when named (imports vLLM); else the frontend's Hermes / Llama 3 JSON reader.
         self._parsers = (VllmParsers(config.model_dir, config.tool_call_parser, config.reasoning_parser)
                          if config.tool_call_parser or config.reasoning_parser else None)
-        self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
+        token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
+        self._answers = Answers(self.pipeline, self.metrics, self.tokenizer, token_text)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -231,29 +223,11 @@ class FrontendService:
         return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
                                   self.config.model_name)
 
-    def _check_prompt_chars(self, num_chars: int, param: str) -> None:
-        """Cheap, before any template or tokenizer work: a prompt surely over the context is a fast 400."""
-        max_len = self._context_len()
-        if min_prompt_tokens(num_chars, self.tokenizer.max_token_chars) >= max_len:
-            raise ApiError(400, f"prompt of {num_chars} characters is over this server's context of {max_len} "
-                           "tokens", param=param, code="context_length_exceeded")
-
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
         if not offload_tokenization(num_chars, self.tokenizer.offload_min_chars):
             return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-    def _prompt_limits(self, num_prompt_tokens: int, max_tokens: int | None, param: str = "messages") -> int:
-        """Checks the prompt fits the context; returns max_tokens (default: the rest of the context)."""
-        max_len = self._context_len()
-        if num_prompt_tokens >= max_len:
-            raise ApiError(400, f"prompt has {num_prompt_tokens} tokens; this server's context is {max_len} tokens",
-                           param=param, code="context_length_exceeded")
-        if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
-            raise ApiError(400, f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
-                           f"the context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
-        return max_tokens if max_tokens is not None else max_len - num_prompt_tokens
 
     async def _responses(self, req: Request, resp: Response) -> None:
         request, body = parse_responses(req.body)
@@ -261,68 +235,36 @@ class FrontendService:
 
     async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
-        from_chat = body is None
-        body = self._served(body or parse_chat(req.body))
-        parsers = self._parsers if from_chat else None
-        # tool_choice "auto" read by vLLM's parser: the tools go into the prompt, the answer to the parser.
-        vllm_tools = bool(parsers and parsers.tool_cls and body.tools and body.tool_choice in (None, "auto"))
-        if vllm_tools and not self.config.enable_auto_tool_choice:
-            raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
-                           "be set", param="tool_choice")
-        tools = plan_tools(body.tools, "none" if vllm_tools else body.tool_choice, body.parallel_tool_calls,
-                           self._tool_parser)
-        parse = None
-        if parsers is not None and (vllm_tools or parsers.reasoning_cls is not None):
-            try:
-                vllm_request = parsers.request(req.body)
-            except ValueError as exc:
-                raise ApiError(400, f"request not valid for vLLM's parsers: {exc}") from exc
-            parse = functools.partial(parsers.session, vllm_request, vllm_tools)
-        messages = message_dicts(body.messages)
-        num_chars = message_chars(messages)
-        self._check_prompt_chars(num_chars, "messages")
-        template_tools = tools.template_tools() if tools else None
-        template_kwargs = check_template_kwargs(body.chat_template_kwargs)
-        if body.add_generation_prompt and body.continue_final_message:
-            raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                           param="continue_final_message")
-        try:
-            prompt = await self._off_loop(lambda: self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=body.add_generation_prompt, tools=template_tools,
-                template_kwargs=template_kwargs, continue_final_message=body.continue_final_message),
-                num_chars)
-        except (ChatRenderError, ModelError) as exc:
-            raise ApiError(400, f"chat template failed: {exc}", param="messages") from exc
-        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        if requested is not None and requested < 1:
-            raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
-        max_tokens = self._prompt_limits(len(prompt.token_ids), requested)
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
-                                   self.tokenizer.vocab_size, tools)
-        shape = shape or ResponseShape.chat(new_id("chatcmpl"), body.model)
+        """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
+        tokenizer = self.tokenizer
+        chat = parse_chat_request(req.body, self._served(body or parse_chat(req.body)),
+                                  self._parsers if body is None else None, self._tool_parser,
+                                  self.config.enable_auto_tool_choice)
+        check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
+        prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
+        max_tokens = max_tokens_for(chat.max_tokens, len(prompt.token_ids), self._context_len())
+        sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools)
+        shape = shape or ResponseShape.chat(new_id("chatcmpl"), chat.body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(body.stop), body,
-                             tools if tools is not None and tools.shapes_answer else None, parse)
+        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(chat.body.stop), chat.body,
+                             chat.answer_tools, chat.parse)
 
     async def _completion(self, req: Request, resp: Response) -> None:
+        """parse, tokenize, admit, generate, shape."""
+        tokenizer = self.tokenizer
         body = self._served(parse_completion(req.body))
-        prompt = completion_prompt(body.prompt)
+        prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
         if isinstance(prompt, str):
-            self._check_prompt_chars(len(prompt), "prompt")
-            token_ids = await self._off_loop(lambda: self.tokenizer.encode(prompt), len(prompt))
+            check_prompt_chars(len(prompt), tokenizer.max_token_chars, self._context_len(), "prompt")
+            token_ids = await self._off_loop(lambda: tokenizer.encode(prompt), len(prompt))
         else:
-            if max(prompt) >= self.tokenizer.vocab_size:
-                raise ApiError(400, f"token id {max(prompt)} is outside the vocabulary "
-                               f"({self.tokenizer.vocab_size})", param="prompt")
             token_ids = prompt
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
-        # OpenAI's completions default is 16 tokens.
-        max_tokens = self._prompt_limits(len(token_ids), body.max_tokens if body.max_tokens is not None else 16,
-                                         param="prompt")
-        sampling = sampling_params(body, max_tokens, max_tokens, self.tokenizer.eos_token_ids,
-                                   self.tokenizer.vocab_size)
+        max_tokens = max_tokens_for(body.max_tokens, len(token_ids), self._context_len(),
+                                    COMPLETION_DEFAULT_MAX_TOKENS, param="prompt")
+        sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size)
         shape = ResponseShape.completion(new_id("cmpl"), body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
@@ -333,7 +275,7 @@ class FrontendService:
         await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
         if priority := current_priority.get():  # admitted by self._gate; the engine schedules by it too
             sampling = msgspec.structs.replace(sampling, priority=priority)
-        await self._generate_inner(resp, shape, token_ids, sampling, stop, body, tools, parse)
+        await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse)
 
     async def _check_engines(self, sampling, guided_by: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
@@ -346,112 +288,3 @@ class FrontendService:
         refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name), guided_by)
         if refusal is not None:
             raise refusal
-
-    async def _generate_inner(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                              stop: tuple[str, ...], body, tools: ToolPlan | None, parse=None) -> None:
-        """Stream or collect every choice; ``tools``: a forced tool call (its JSON leaves as tool_calls);
-        ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto")."""
-        sessions: list[ParseSession] | None = [parse() for _ in range(body.n)] if parse else None
-        structlog.contextvars.bind_contextvars(request_id=shape.id)
-        start_s = time.perf_counter()
-        continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage
-                             or getattr(shape, "always_usage", False))
-        choices = [ChoiceText(self.tokenizer.decoder(token_ids), None if sampling.logprobs is None else
-                           LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
-        num_output = 0
-        num_cached = -1
-        last_s = 0.0
-        self.metrics.arrival_prompt_tokens.observe(len(token_ids))
-        requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
-        if requested is not None:
-            for _ in range(body.n):  # each choice is a sequence on a decode worker
-                self.metrics.arrival_max_tokens.observe(sampling.max_tokens)
-        self.metrics.inflight.inc()
-        try:
-            fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n)
-            gen = fanout.__aiter__()
-            async with aclosing(gen):
-                async for index, out in gen:
-                    now_s = time.perf_counter()
-                    if num_output == 0:
-                        self.metrics.observe_ttft(now_s - start_s)
-                    elif out.token_ids:
-                        self.metrics.observe_itl((now_s - last_s) / len(out.token_ids))
-                    if index == 0 and num_cached < 0:
-                        num_cached = out.num_cached_tokens  # the prompt counts once, as choice 0 found it
-                    last_s = now_s
-                    num_output += len(out.token_ids)
-                    choice = choices[index]
-                    text, part = choice.feed(out, sampling.stop_token_ids, stop)
-                    if body.stream:
-                        # Headers wait for the first token, so routing failures still get a real status.
-                        if not resp.started:
-                            resp.start(200, b"text/event-stream")
-                            await resp.write(shape.first_chunk(body.n))
-                        if (text or part is not None) and tools is None:
-                            so_far = None if not continuous_usage else {
-                                "prompt_tokens": len(token_ids), "completion_tokens": num_output,
-                                "total_tokens": len(token_ids) + num_output}
-                            if sessions is None:
-                                await resp.write(shape.delta_chunk(text, part, index, so_far))
-                            elif (delta := sessions[index].stream(text, out.token_ids)) or part is not None:
-                                await resp.write(shape.parsed_chunk(index, delta or {}, part, so_far))
-                    if choice.stopped:
-                        fanout.stop(index)
-        except NoWorkerError as exc:
-            self._send_error(resp, ApiError(503, f"no worker available: {exc}", code="no_worker",
-                                            type_="server_error", headers=((b"retry-after", b"1"),)))
-            return
-        except (WorkerLost, RemoteError) as exc:
-            log.warning("request_failed", request_id=shape.id, error=str(exc))
-            self._send_error(resp, ApiError(503, f"request failed: {exc}", code="worker_failed",
-                                            type_="server_error", headers=((b"retry-after", b"1"),)))
-            return
-        except (asyncio.CancelledError, ConnectionResetError):
-            self.metrics.cancelled.inc()
-            raise
-        finally:
-            self.metrics.inflight.dec()
-        num_cached = max(num_cached, 0)
-        self.metrics.e2e_seconds.observe(time.perf_counter() - start_s)
-        self.metrics.prompt_tokens.inc(len(token_ids))
-        self.metrics.cached_tokens.inc(num_cached)
-        self.metrics.output_tokens.inc(num_output)
-        usage = {"prompt_tokens": len(token_ids), "completion_tokens": num_output,
-                 "total_tokens": len(token_ids) + num_output, "prompt_tokens_details": {"cached_tokens": num_cached}}
-        results = [c.result() for c in choices]
-        if tools is not None:
-            results = [_with_tool_calls(tools, *r) for r in results]
-        elif sessions is not None:
-            results = [_parsed(sessions[i], *r, streamed=bool(body.stream)) for i, r in enumerate(results)]
-        if body.stream:
-            if not resp.started:
-                resp.start(200, b"text/event-stream")
-                await resp.write(shape.first_chunk(body.n))
-            for index, (text, _, _, calls) in enumerate(results if tools is not None else ()):
-                if text:  # held back while it could still turn out to be a tool call
-                    await resp.write(shape.delta_chunk(text, None, index))
-                if calls:
-                    await resp.write(shape.tool_calls_chunk(index, calls))
-            resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
-        else:
-            resp.send(200, shape.full_response(results, usage))
-
-
-
-def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:
-    content, finish, calls = tool_answer(tools, text, finish)
-    return content, finish, logprobs, calls
-
-
-def _parsed(session: ParseSession, text: str, finish: str, logprobs: dict | None, streamed: bool) -> tuple:
-    """A choice's answer through vLLM's parsers; streamed, its deltas are out already: only the finish."""
-    if streamed:
-        return text, "tool_calls" if session.called else finish, logprobs, None
-    answer = session.whole(text)
-    calls = None
-    if answer.tool_calls:
-        calls = [{"id": c.get("id") or "call_" + new_id("")[-24:], "type": "function", "function": c["function"]}
-                 for c in answer.tool_calls]
-    return answer.content, "tool_calls" if calls else finish, logprobs, calls, answer.reasoning

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from common.errors import RegistrationRefused
-from common.protocol import PROTOCOL_VERSION, Role, WorkerInfo, WorkerLoad
+from common.protocol import PROTOCOL_VERSION, Role, WorkerInfo, WorkerList, WorkerLoad
 from services.router.policy import Candidate
 
 DECODE_ROLES: frozenset[Role] = frozenset({"decode", "both"})
@@ -117,6 +117,13 @@ class Registry:
             e for e in self._workers.values()
             if (model is None or e.info.model == model) and (roles is None or e.info.role in roles)
         ]
+
+    def listing(self, request_id: str) -> WorkerList:
+        """Every registered worker with its last load, and which of them drain (the ListWorkers answer)."""
+        entries = self.workers()
+        return WorkerList(request_id=request_id, workers=tuple(e.info for e in entries),
+                          loads=tuple(e.load for e in entries),
+                          draining=tuple(e.info.worker_id for e in entries if e.draining))
 
     def effective_load(self, entry: WorkerEntry) -> WorkerLoad:
         """The last report plus requests routed since, counted as waiting (and their prompt tokens as queued,

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 
 import structlog
-import zmq
 import zmq.asyncio
 
 from common import protocol, tracing
@@ -33,10 +32,10 @@ from common.protocol import (
     RoleSet,
     SetRole,
     Unregister,
-    WorkerList,
     WorkerRef,
 )
-from common.security import client_kinds, secure_server
+from common.router_link import bind_events_subscriber
+from common.security import client_kinds
 from common.transport import Server, TransportConfig, new_id, open_context, oversized, peer_key, serve_requests
 from services.router.authz import Bindings, Gate
 from services.router.approx_index import ApproxIndex
@@ -50,6 +49,7 @@ from services.router.remote_tier import remote_tier
 from services.router.overlaps import merged_overlaps
 from services.router.transfer_samples import learn_links, learn_tiers, show_tiers
 from services.router.roles import RoleSwitcher
+from services.router.tier_registry import TierRegistry
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Topology
 
@@ -97,10 +97,7 @@ class RouterService:
         # The CURVE key (z85) each worker and tier registered with ("" without CURVE): what it says later must
         # come from that key and that identity (services/router/authz.py).
         self._keys: dict[str, str] = {}
-        # Registered kvtier processes (shared KV sources): tier id -> last heartbeat (monotonic s).
-        self._tiers: dict[str, float] = {}
-        # Each registered tier's registration as sent (its endpoint, node and zone).
-        self._tier_info: dict[str, RegisterTier] = {}
+        self.tiers = TierRegistry()  # registered kvtier processes (shared KV sources)
         self.events_endpoint = ""
         # Link bandwidths learned from the transfers workers report (pulls and pushes); the kv policy prices KV
         # moves with it.
@@ -122,32 +119,21 @@ class RouterService:
             self.gate.kinds = client_kinds(self.config.transport.curve)
         self._server = Server(ctx, self.config.endpoint, self.config.transport, read_keys=True)
         self.endpoint = self._server.endpoint
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.config.transport.hard_max_message_bytes)
-        sub.setsockopt(zmq.RCVHWM, self.config.transport.hwm)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        secure_server(sub, self.config.transport.curve)
-        sub.bind(self.config.events_endpoint)
-        bound = sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        sub, bound = bind_events_subscriber(ctx, self.config.transport, self.config.events_endpoint)
         self.events_endpoint = advertised_events(bound, self.config.events_advertise)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         loop = asyncio.get_running_loop()
-        reaper = loop.create_task(self._reap_loop())
-        events = loop.create_task(self._events_loop(sub))
-        snapshots = loop.create_task(self._snapshot_loop())
-        switches = loop.create_task(self.roles.run())
+        background = [loop.create_task(self._reap_loop()), loop.create_task(self._events_loop(sub)),
+                      loop.create_task(self._snapshot_loop()), loop.create_task(self.roles.run())]
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
         try:
             await serve_requests(self._server, self.handle, "router", with_keys=True)
         finally:
-            reaper.cancel()
-            events.cancel()
-            snapshots.cancel()
-            switches.cancel()
+            for task in background:
+                task.cancel()
             sub.close(linger=0)
             self._server.close()
             secure.close()
@@ -162,25 +148,20 @@ class RouterService:
             case RouteRequest():
                 with tracing.remote_span("router.route", msg.traceparent, num_tokens=len(msg.token_ids)):
                     return self._route(msg)
-            case Heartbeat(worker_id=worker_id) if worker_id in self._tiers:
-                self._tiers[worker_id] = now_s
+            case Heartbeat(worker_id=worker_id) if worker_id in self.tiers:
+                self.tiers.beat(worker_id, now_s)
                 return None
             case RegisterTier(request_id=rid, tier_id=tier_id):
-                try:
-                    check_protocol_version(tier_id, msg.protocol_version)
-                except RegistrationRefused as exc:
-                    log.error("registration_refused", worker_id=tier_id, reason=str(exc))
-                    self.metrics.registrations_refused.inc()
-                    return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
+                if (refused := self._refused(rid, tier_id, msg.protocol_version)) is not None:
+                    return refused
                 # A (re-)registration starts the tier's blocks over; its events (batch 0 = all it holds)
                 # rebuild them. Its blocks count for every worker.
                 self.index.remove_worker(tier_id)
                 self.index.mark_shared(tier_id)
                 self.index.expect_snapshot(tier_id)  # no credit for its blocks until its snapshot is loaded
-                self._tiers[tier_id] = now_s
+                self.tiers.register(msg, now_s)
                 self._identities[tier_id] = identity
                 self._keys[tier_id] = key
-                self._tier_info[tier_id] = msg
                 log.info("tier_registered", tier_id=tier_id, endpoint=msg.endpoint, block_bytes=msg.block_bytes,
                          nixl_agent=msg.nixl_agent, node=msg.node, zone=msg.zone)
                 return RegisterAck(request_id=rid, worker_id=tier_id, events_endpoint=self.events_endpoint)
@@ -200,13 +181,9 @@ class RouterService:
                     learn_tiers(self.tier_speeds, self.policy, self.metrics, msg.tier_loads)
                 return None
             case RegisterWorker(request_id=rid, info=info):
-                try:
-                    check_protocol_version(info.worker_id, msg.protocol_version)
-                    self.registry.register(info, now_s)
-                except RegistrationRefused as exc:
-                    log.error("registration_refused", worker_id=info.worker_id, reason=str(exc))
-                    self.metrics.registrations_refused.inc()
-                    return ErrorReply(request_id=rid, code="registration_refused", message=str(exc))
+                if (refused := self._refused(rid, info.worker_id, msg.protocol_version)) is not None:
+                    return refused
+                self.registry.register(info, now_s)
                 # A re-registration starts that worker's KV view from scratch; its events rebuild it.
                 self.index.remove_worker(info.worker_id)
                 if info.kv_events:
@@ -230,10 +207,7 @@ class RouterService:
                 self._drop(worker_id, reason="unregistered")
                 return None
             case ListWorkers(request_id=rid):
-                entries = self.registry.workers()
-                return WorkerList(request_id=rid, workers=tuple(e.info for e in entries),
-                                  loads=tuple(e.load for e in entries),
-                                  draining=tuple(e.info.worker_id for e in entries if e.draining))
+                return self.registry.listing(rid)
             case SetRole():  # planner or operator: answered now if refused, else once the worker confirmed
                 return self.roles.request(identity, msg, now_s)
             case RoleSet():  # a worker's answer to a SetRole we forwarded
@@ -251,6 +225,16 @@ class RouterService:
                 return None
             case _:
                 raise ProtocolError(f"router does not handle {type(msg).__name__}")
+
+    def _refused(self, request_id: str, source_id: str, protocol_version: int) -> ErrorReply | None:
+        """A registration's refusal when it speaks another protocol version, else None."""
+        try:
+            check_protocol_version(source_id, protocol_version)
+        except RegistrationRefused as exc:
+            log.error("registration_refused", worker_id=source_id, reason=str(exc))
+            self.metrics.registrations_refused.inc()
+            return ErrorReply(request_id=request_id, code="registration_refused", message=str(exc))
+        return None
 
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
@@ -281,7 +265,7 @@ class RouterService:
             self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
         tier = ""
-        if local and self._tier_info and (decode_entry := self.registry.get(choice.decode_worker_id)) is not None:
+        if local and self.tiers and (decode_entry := self.registry.get(choice.decode_worker_id)) is not None:
             tier = self._remote_tier(decode_entry, hashes, len(req.token_ids), block_size)
         self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
         log.debug("route_chosen", request_id=req.request_id, decode=choice.decode_worker_id,
@@ -291,7 +275,7 @@ class RouterService:
                      num_cached_tokens_predicted=choice.num_cached_tokens_predicted, kvtier_remote=tier)
 
     def _remote_tier(self, entry, hashes: list[int], num_prompt_tokens: int, block_size: int) -> str:
-        pick = remote_tier(entry.info, self.registry.effective_load(entry), self._tier_info, self.index,
+        pick = remote_tier(entry.info, self.registry.effective_load(entry), self.tiers.info, self.index,
                            self.topology, self.config.policy.cost, hashes, num_prompt_tokens, block_size)
         if pick.tier is None:
             return ""
@@ -310,7 +294,7 @@ class RouterService:
 
     def _overlaps(self, hashes: list[int]) -> dict[str, TierOverlap]:
         # With a shared tier, name every worker: one holding no blocks of its own still reuses the tier's.
-        worker_ids = [e.info.worker_id for e in self.registry.workers()] if self._tiers else None
+        worker_ids = [e.info.worker_id for e in self.registry.workers()] if self.tiers else None
         return merged_overlaps(self.index, self.approx, self.pending, hashes, worker_ids)
 
     def _note_approx(self, worker_id: str, hashes: list[int]) -> None:
@@ -345,7 +329,7 @@ class RouterService:
 
     def _apply_events(self, msg: KvEvents) -> None:
         identity = self._identities.get(msg.worker_id)
-        if identity is None or (self.registry.get(msg.worker_id) is None and msg.worker_id not in self._tiers):
+        if identity is None or (self.registry.get(msg.worker_id) is None and msg.worker_id not in self.tiers):
             return  # a worker we dropped; it re-registers and republishes
         check = self.index.apply_events(msg)
         self.event_watch.event(msg.worker_id, time.monotonic())
@@ -375,10 +359,8 @@ class RouterService:
 
     def _expire_tiers(self, now_s: float) -> list[str]:
         """Drop kvtiers silent past the heartbeat timeout: their blocks are credited to nobody any more."""
-        dead = [t for t, seen in self._tiers.items() if now_s - seen > self.config.heartbeat_timeout_s]
+        dead = self.tiers.expire(now_s, self.config.heartbeat_timeout_s)
         for tier_id in dead:
-            del self._tiers[tier_id]
-            self._tier_info.pop(tier_id, None)
             self.index.remove_worker(tier_id)
             self._identities.pop(tier_id, None)
             self._keys.pop(tier_id, None)

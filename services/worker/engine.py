@@ -20,6 +20,7 @@ from common.protocol import (
     TierLoadSample,
     TransferSample,
     WorkerLoad,
+    WorkerStats,
 )
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
@@ -103,6 +104,18 @@ class EngineCounters:
     num_prompt_tokens_pulled: int = 0
     # The last loads from a KV tier one by one, oldest first (not drained; the heartbeat reports new ones once).
     recent_tier_loads: tuple[TierLoadSample, ...] = ()
+
+
+def worker_stats(request_id: str, worker_id: str, load: WorkerLoad, c: EngineCounters,
+                 recent_transfers: tuple[TransferSample, ...], simulated: bool) -> WorkerStats:
+    """The GetStats answer from the engine's counters; ``recent_transfers``: theirs with each peer named."""
+    return WorkerStats(
+        request_id=request_id, worker_id=worker_id, load=load, num_prefix_hits=c.num_prefix_hits,
+        num_transfers=c.num_transfers, num_transfer_failures=c.num_transfer_failures,
+        num_transfer_bytes=c.num_transfer_bytes, transfer_seconds_total=c.transfer_seconds_total,
+        num_transfer_descriptors=c.num_transfer_descriptors, recent_transfers=recent_transfers,
+        transfers_simulated=simulated, num_prompt_tokens_computed=c.num_prompt_tokens_computed,
+        num_prompt_tokens_cached=c.num_prompt_tokens_cached, num_prompt_tokens_pulled=c.num_prompt_tokens_pulled)
 
 
 class Engine(Protocol):

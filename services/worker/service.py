@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 
 import structlog
 import zmq
@@ -52,9 +51,11 @@ from common.router_link import (
     send_all,
     split_endpoints,
 )
-from common.transport import Server, TransportConfig, new_id, open_context
-from services.worker.engine import Engine, EngineCounters, EngineRequest
+from common.transport import Server, new_id, open_context
+from services.worker.config import WorkerConfig
+from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
 from services.worker.kv_events import KvEventPublisher
+from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
 from services.worker.trace_phases import trace_request
@@ -65,36 +66,6 @@ log = structlog.get_logger(__name__)
 
 class EngineDied(EngineError):
     """The worker's engine can serve nothing more; ``WorkerService.run()`` ends with it (the CLI exits 3)."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    worker_id: str
-    role: Role
-    model: str
-    router_endpoint: str
-    # Where frontends reach this worker; port 0 picks a free one (the real one is registered).
-    endpoint: str = "tcp://127.0.0.1:0"
-    # What the router tells frontends to dial when it is not the bound endpoint (a socket bound to 0.0.0.0
-    # advertises this host's routable address or name): an endpoint, or a bare host (the bound port on it);
-    # "" registers the bound endpoint (a wildcard is refused: common/addresses.py).
-    advertise_endpoint: str = ""
-    # The machine this worker runs on and its optional zone, registered for the router's topology.
-    node: str = ""
-    zone: str = ""
-    engine_kind: str = "mock"
-    hash_seed: int = 0
-    heartbeat_interval_s: float = 0.25
-    register_timeout_s: float = 2.0
-    metrics_port: int = 0  # 0: no Prometheus endpoint
-    metrics_host: str = "127.0.0.1"  # bind address of /metrics
-    drain_timeout_s: float = 30.0
-    drain_quiet_s: float = 0.5
-    drain_transfer_grace_s: float = 2.0
-    # The engine serves either side of P/D (vLLM kv_both, the mock engine): routers may move this worker
-    # between the prefill and decode pools in place (SetRole; docs/architecture.md#roles).
-    switchable: bool = False
-    transport: TransportConfig = field(default_factory=TransportConfig)
 
 
 class WorkerService:
@@ -209,9 +180,7 @@ class WorkerService:
         blocks stay until the decode side pulled them, and new work of the new role is served at once. What
         the role changes is where routers send work (their pools follow our heartbeats), our metrics' labels,
         and our registration (a router that restarts learns the role from it)."""
-        refused = ("role must be prefill or decode" if msg.role not in ("prefill", "decode")
-                   else "not switchable" if not self.config.switchable
-                   else "draining" if self._draining else "")
+        refused = role_refusal(msg.role, self.config.switchable, self._draining)
         if refused:
             log.warning("role_refused", worker_id=self.config.worker_id, role=msg.role, reason=refused)
             return RoleSet(request_id=msg.request_id, worker_id=self.config.worker_id, role=self._role, ok=False,
@@ -244,13 +213,10 @@ class WorkerService:
         start_s = time.monotonic()
         # The router learns we drain from a heartbeat; until a beat after that, it may still route here.
         await asyncio.sleep(2 * cfg.heartbeat_interval_s)
-        quiet_s = cfg.drain_quiet_s + (cfg.drain_transfer_grace_s if self._role == "prefill" else 0.0)
+        quiet_s = drain_quiet_s(self._role, cfg.drain_quiet_s, cfg.drain_transfer_grace_s)
         while time.monotonic() - start_s < cfg.drain_timeout_s:
-            load = self.engine.load()
-            idle = not self._tasks and load.num_running == 0 and load.num_waiting == 0
-            # A worker moved out of prefill may still hold prefilled KV a decode worker is about to pull.
-            pulled = time.monotonic() - self._last_prefill_s >= cfg.drain_transfer_grace_s
-            if idle and pulled and time.monotonic() - self._last_arrival_s >= quiet_s:
+            if drained(len(self._tasks), self.engine.load(), time.monotonic(), self._last_arrival_s,
+                       self._last_prefill_s, quiet_s, cfg.drain_transfer_grace_s):
                 log.info("drained", worker_id=cfg.worker_id, drain_s=round(time.monotonic() - start_s, 3))
                 break
             await asyncio.sleep(0.05)
@@ -290,17 +256,9 @@ class WorkerService:
                     log.warning("abort_refused", request_id=rid, reason="not the requester")
             case GetStats(request_id=rid):
                 c = self._refresh_counters()
-                self._reply(identity, WorkerStats(
-                    request_id=rid, worker_id=self.config.worker_id, load=self.engine.load(),
-                    num_prefix_hits=c.num_prefix_hits, num_transfers=c.num_transfers,
-                    num_transfer_failures=c.num_transfer_failures, num_transfer_bytes=c.num_transfer_bytes,
-                    transfer_seconds_total=c.transfer_seconds_total,
-                    num_transfer_descriptors=c.num_transfer_descriptors,
-                    recent_transfers=self._transfer_sources.named(c.recent_transfers),
-                    transfers_simulated=self.transfers_simulated,
-                    num_prompt_tokens_computed=c.num_prompt_tokens_computed,
-                    num_prompt_tokens_cached=c.num_prompt_tokens_cached,
-                    num_prompt_tokens_pulled=c.num_prompt_tokens_pulled))
+                self._reply(identity, worker_stats(rid, self.config.worker_id, self.engine.load(), c,
+                                                   self._transfer_sources.named(c.recent_transfers),
+                                                   self.transfers_simulated))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
 

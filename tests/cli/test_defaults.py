@@ -52,7 +52,7 @@ def test_planner_defaults_are_the_planners() -> None:
 def test_http_limit_defaults_are_the_http_servers() -> None:
     from cli.cmd_frontend import frontend
     from cli.http_limits import HttpLimits
-    from services.frontend.http_response import HttpConfig
+    from services.frontend.http_messages import HttpConfig
 
     server = HttpConfig()
     assert HttpLimits().http_config(server.host, server.port, server.reuse_port) == server

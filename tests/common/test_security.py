@@ -40,7 +40,8 @@ from services.kvtier.service import KvTierConfig, KvTierService
 from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from services.worker.service import WorkerConfig, WorkerService
+from services.worker.config import WorkerConfig
+from services.worker.service import WorkerService
 
 
 @pytest.fixture()

@@ -14,7 +14,8 @@ from services.kvtier.service import KvTierConfig, KvTierService
 from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from services.worker.service import WorkerConfig, WorkerService
+from services.worker.config import WorkerConfig
+from services.worker.service import WorkerService
 
 
 async def _until(pred, timeout_s: float = 5.0) -> None:
@@ -43,12 +44,12 @@ async def test_worker_and_tier_register_advertised_endpoint_node_and_zone() -> N
     ctx = zmq.asyncio.Context()
     client = Client(ctx, router_endpoint, TransportConfig())
     try:
-        await _until(lambda: router.registry.get("d0") is not None and "kvtier-0" in router._tier_info)
+        await _until(lambda: router.registry.get("d0") is not None and "kvtier-0" in router.tiers.info)
         listed = await client.request(ListWorkers(request_id=new_id("ls")), timeout_s=2.0)
         assert isinstance(listed, WorkerList)
         (info,) = listed.workers
         assert (info.endpoint, info.node, info.zone) == (f"tcp://localhost:{worker_port}", "host-c", "rack-2")
-        registered = router._tier_info["kvtier-0"]
+        registered = router.tiers.info["kvtier-0"]
         assert (registered.endpoint, registered.node, registered.zone) == ("tcp://kvtier-c:5570", "host-c", "rack-2")
         labels = {"worker_id": "d0", "role": "decode", "node": "host-c", "zone": "rack-2"}
         assert router.metrics.registry.get_sample_value("splitserve_router_worker_info", labels) == 1.0

@@ -8,7 +8,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from common.protocol import TokenLogprobs
 from services.frontend.logprobs import LogprobsRenderer
-from services.frontend.responses import ResponseShape
+from services.frontend.completion_bodies import ResponseShape
 
 TEXT = {1: "Hel", 2: "lo", 3: " w", 4: "é"}
 LOGPROBS = (TokenLogprobs(1, -0.5, ((1, -0.5), (3, -1.5))), TokenLogprobs(2, float("-inf"), ((4, -0.1), (2, -2.0))))

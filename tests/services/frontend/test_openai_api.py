@@ -38,17 +38,17 @@ def chat(**fields) -> ChatCompletionRequest:
 
 
 def params(**fields) -> SamplingParams:
-    return sampling_params(chat(**fields), 16, 16, EOS, VOCAB)
+    return sampling_params(chat(**fields), 16, EOS, VOCAB)
 
 
 def refused(fields: dict, completion: bool = False) -> ApiError:
     with pytest.raises(ApiError) as info:
         if completion:
             req = parse_completion(json.dumps({"model": "m", "prompt": "x", **fields}).encode())
-            sampling_params(req, 16, 16, EOS, VOCAB)
+            sampling_params(req, 16, EOS, VOCAB)
         else:
             req = chat(**fields)
-            sampling_params(req, 16, 16, EOS, VOCAB, plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls))
+            sampling_params(req, 16, EOS, VOCAB, plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls))
     assert info.value.status == 400
     return info.value
 
@@ -138,7 +138,7 @@ def test_sampling_fields_reach_the_engine() -> None:
     assert (params(top_k=5, min_p=0.1).top_k, params(top_k=5, min_p=0.1).min_p) == (5, 0.1)
     assert params(top_k=-1).top_k == 0 == params(top_k=0).top_k
     completion = parse_completion(b'{"model": "m", "prompt": "x", "logprobs": 2}')
-    assert sampling_params(completion, 16, 16, EOS, VOCAB).logprobs == 2
+    assert sampling_params(completion, 16, EOS, VOCAB).logprobs == 2
 
 
 @pytest.mark.parametrize(("fields", "engines", "param"), [

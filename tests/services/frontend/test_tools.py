@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from services.frontend.openai_api import ApiError
-from services.frontend.responses import ResponseShape
+from services.frontend.completion_bodies import ResponseShape
 from services.frontend.tools import plan_tools, tool_calls
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -10,7 +10,8 @@ from services.worker.engine import EngineCounters
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.metrics import WorkerMetrics
-from services.worker.service import WorkerConfig, WorkerService
+from services.worker.config import WorkerConfig
+from services.worker.service import WorkerService
 
 LABELS = {"worker_id": "w", "role": "decode"}
 COUNTERS = EngineCounters(num_transfers=2, num_transfer_bytes=183_000_000, transfer_seconds=(0.01, 0.02))

@@ -13,7 +13,8 @@ from common.transport import Client, TransportConfig, new_id
 from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from services.worker.service import WorkerConfig, WorkerService
+from services.worker.config import WorkerConfig
+from services.worker.service import WorkerService
 
 
 async def _until(pred, timeout_s: float = 5.0) -> None:

@@ -125,7 +125,7 @@ def parse_responses(body: bytes) -> tuple[ResponsesRequest, ChatCompletionReques
 
 
 class ResponsesShape:
-    """A Response object, whole or as its stream of events (the interface of responses.ResponseShape)."""
+    """A Response object, whole or as its stream of events (the interface of completion_bodies.ResponseShape)."""
 
     is_chat = True
     always_usage = True  # a Response always carries its usage

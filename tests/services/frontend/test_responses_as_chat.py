@@ -10,7 +10,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from services.frontend.openai_api import ApiError
-from services.frontend.responses_api import ResponsesShape, parse_responses
+from services.frontend.responses_as_chat import ResponsesShape, parse_responses
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}
 
