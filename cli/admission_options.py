@@ -59,10 +59,12 @@ def admission_config(max_inflight: int, max_queued: int, max_queue_wait_s: float
 def admission_args(max_inflight: int, max_queued: int, max_queue_wait_s: float, ttft_budgets: str,
                    default_ttft_budget_s: float, tenant_weights: str, reserved_inflight: int,
                    reserved_max_priority: int) -> tuple[str, ...]:
-    """The same options as `up` hands them to each frontend (checked first: a typo fails `up`, not a child)."""
+    """The options given as `up` hands them to each frontend, checked first (a typo fails `up`, not a child); those
+    at their defaults are left out, so the frontend's own defaults and environment (SPLITSERVE_MAX_INFLIGHT) apply."""
     admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s, tenant_weights,
                      reserved_inflight, reserved_max_priority)
-    return ("--max-inflight", str(max_inflight), "--max-queued", str(max_queued), "--max-queue-wait-s",
-            str(max_queue_wait_s), "--ttft-budgets", ttft_budgets, "--default-ttft-budget-s",
-            str(default_ttft_budget_s), "--tenant-weights", tenant_weights, "--reserved-inflight",
-            str(reserved_inflight), "--reserved-max-priority", str(reserved_max_priority))
+    given = {"--max-inflight": (max_inflight, 4096), "--max-queued": (max_queued, 0),
+             "--max-queue-wait-s": (max_queue_wait_s, 30.0), "--ttft-budgets": (ttft_budgets, ""),
+             "--default-ttft-budget-s": (default_ttft_budget_s, 10.0), "--tenant-weights": (tenant_weights, ""),
+             "--reserved-inflight": (reserved_inflight, 0), "--reserved-max-priority": (reserved_max_priority, 0)}
+    return tuple(item for flag, (value, default) in given.items() if value != default for item in (flag, str(value)))

@@ -191,3 +191,4 @@ def test_reserved_slots_go_only_to_important_requests() -> None:
     assert queue.finish("t") == []  # high ended: the reserved slot is free again, still not low3's
     (started,) = queue.finish("t")  # a low one ended: low3 takes its slot
     assert started.request_id == "low3"
+
