@@ -16,7 +16,7 @@ import msgspec
 
 from common import tracing
 from services.frontend.admission import DEFAULT_TENANT, AdmissionConfig, AdmissionQueue, Shed, retry_after_s
-from services.frontend.openai_api import ApiError
+from services.frontend.openai_api import PRIORITY_MAX, PRIORITY_MIN, ApiError, Priority
 
 # Header names (lower case, as http.py keys them).
 PRIORITY_HEADER = "x-priority"
@@ -28,7 +28,7 @@ current_priority: contextvars.ContextVar[int] = contextvars.ContextVar("current_
 
 
 class _Priority(msgspec.Struct):
-    priority: int | None = None
+    priority: Priority | None = None
 
 
 _sniff = msgspec.json.Decoder(_Priority)
@@ -36,6 +36,8 @@ _sniff = msgspec.json.Decoder(_Priority)
 
 def body_priority(body: bytes) -> int | None:
     """The body's top-level ``priority``, read before the full parse (which reports a malformed body)."""
+    if b'"priority"' not in body:  # memchr-fast: most requests carry none
+        return None
     try:
         return _sniff.decode(body).priority
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: msgspec's own limit
@@ -50,10 +52,13 @@ def request_priority(body_priority: int | None, headers: dict[str, str]) -> int:
     if not text:
         return 0
     try:
-        return int(text)
+        priority = int(text)
     except ValueError:
-        raise ApiError(400, f"{PRIORITY_HEADER} must be an integer, not {text[:40]!r}",
-                       param=PRIORITY_HEADER) from None
+        priority = None
+    if priority is None or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ApiError(400, f"{PRIORITY_HEADER} must be an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}], not "
+                       f"{text[:40]!r}", param=PRIORITY_HEADER)
+    return priority
 
 
 def request_tenant(headers: dict[str, str]) -> str:

@@ -29,6 +29,11 @@ class ApiError(Exception):
                                        "code": self.code}})
 
 
+# A request's priority (vLLM's field; lower runs earlier): a signed 32-bit integer, what any engine takes.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+Priority = Annotated[int, msgspec.Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
 class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: str
     text: str | None = None
@@ -102,7 +107,7 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_k: int | None = None
     min_p: float | None = None
     # vLLM's: lower runs earlier; read by the admission queue before this parse (admission_gate.py).
-    priority: int | None = None
+    priority: Priority | None = None
     # Refused when set (see UNSUPPORTED).
     best_of: int | None = None
 

@@ -18,6 +18,7 @@ from services.frontend.openai_api import (
     ChatCompletionRequest,
     ChatMessage,
     JsonSchema,
+    Priority,
     ResponseFormat,
     decode_request,
     refuse_unsupported,
@@ -81,7 +82,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_logprobs: int | None = None
     stream_options: Any = None
     # vLLM's: lower runs earlier; read by the admission queue before this parse (admission_gate.py).
-    priority: int | None = None
+    priority: Priority | None = None
 
 
 RESPONSES_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {

@@ -141,12 +141,6 @@ def test_request_priority(body, headers, expected) -> None:
     assert request_priority(body, headers) == expected
 
 
-def test_bad_priority_header_is_400() -> None:
-    with pytest.raises(ApiError) as exc:
-        request_priority(None, {"x-priority": "high"})
-    assert exc.value.status == 400
-
-
 def test_request_tenant() -> None:
     assert request_tenant({"x-tenant": "acme", "authorization": "Bearer k"}) == "acme"
     by_key = request_tenant({"authorization": "Bearer k"})
@@ -192,3 +186,37 @@ def test_reserved_slots_go_only_to_important_requests() -> None:
     (started,) = queue.finish("t")  # a low one ended: low3 takes its slot
     assert started.request_id == "low3"
 
+
+
+@pytest.mark.parametrize("header", ["high", "2147483648", ""])
+def test_priority_header_outside_32_bits_or_not_a_number(header) -> None:
+    if not header:
+        assert request_priority(None, {"x-priority": header}) == 0
+        return
+    with pytest.raises(ApiError) as exc:
+        request_priority(None, {"x-priority": header})
+    assert exc.value.status == 400 and exc.value.param == "x-priority"
+
+
+def test_body_priority_is_read_before_the_parse() -> None:
+    from services.frontend.admission_gate import body_priority
+
+    assert body_priority(b'{"model": "m", "priority": -3}') == -3
+    assert body_priority(b'{"model": "m"}') is None
+    assert body_priority(b'{"priority": "high"}') is None  # the full parse answers the 400
+    assert body_priority(b'{"priority": 2147483648}') is None
+
+
+@pytest.mark.parametrize("priority, status", [(0, None), (-5, None), (2**31, 400), ("1", 400)])
+def test_priority_field_is_a_32_bit_integer(priority, status) -> None:
+    import json
+
+    from services.frontend.openai_api import parse_chat
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "priority": priority}).encode()
+    if status is None:
+        assert parse_chat(body).priority == priority
+        return
+    with pytest.raises(ApiError) as exc:
+        parse_chat(body)
+    assert exc.value.status == status and exc.value.param == "priority"
