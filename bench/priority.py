@@ -2,12 +2,14 @@
 
 The claim is about the admission layer (services/frontend/admission.py), not an engine: one `up --engine mock
 --aggregated 1` graph whose capacity is the frontend's --max-inflight slots (the mock engine's batch is larger, so
-it never queues; its step time grows with the batch, as an engine's does). Three open-loop (Poisson) runs:
+it never queues; its step time grows with the batch, as an engine's does). Open-loop (Poisson) runs:
 
-1. unloaded: high-priority requests (priority 0) alone, at a small rate: their TTFT p99 is the reference;
+1. unloaded: short high-priority requests (priority 0) alone, at a small rate: their TTFT p99 is the reference;
 2. overload: the same high-priority stream plus low-priority requests (priority 10) arriving at twice the
-   capacity (capacity = max_inflight / the mean service time measured in run 1's settings): the high-priority TTFT
-   p99 against run 1's (goal: within 1.2x), and what happened to the low-priority ones (served, 503);
+   capacity (the low priority's slots, --max-inflight less --reserved-inflight, over its measured service time):
+   the high-priority TTFT p99 against run 1's (goal: within 1.2x), and what happened to the low-priority ones;
+2b. the same overload with the short requests sent at the low priority: what they get without priorities (first
+   come, first served behind the batch traffic);
 3. shares: two tenants (x-tenant a and b, weights 3 and 1, one priority), each arriving at twice the capacity:
    the requests each got served over the run (goal: each share within 10% of its weight's).
 
@@ -96,10 +98,15 @@ async def _runs(url: str) -> dict[str, Any]:
             high_loaded, low_loaded = await asyncio.gather(
                 _open_loop(high, a.high_rate, a.duration_s, HIGH, a.high_max_tokens, seed=1),
                 _open_loop(low, low_rate, a.duration_s, LOW, a.low_max_tokens, seed=2))
+            await asyncio.sleep(5.0)  # what the overload left running ends
+            same_loaded, _ = await asyncio.gather(
+                _open_loop(high, a.high_rate, a.duration_s, LOW, a.high_max_tokens, seed=1),
+                _open_loop(low, low_rate, a.duration_s, LOW, a.low_max_tokens, seed=2))
         finally:
             await low.aclose()
     finally:
         await high.aclose()
+    await asyncio.sleep(5.0)
     tenants = {}
     for name in ("a", "b"):
         tenants[name] = Client(url)
@@ -125,6 +132,7 @@ async def _runs(url: str) -> dict[str, Any]:
                      "low_priority_rate_per_s": round(low_rate, 2)},
         "unloaded_high": _summary(unloaded),
         "overload": {"high": _summary(high_loaded), "low": _summary(low_loaded)},
+        "overload_without_priorities": {"short_requests_at_low_priority": _summary(same_loaded)},
         "high_ttft_p99_ratio": ratio,
         "high_ttft_goal_met": ratio is not None and ratio <= 1.2,
         "shares": {"weights": weights, "served": served, "shares": shares,
@@ -137,9 +145,9 @@ async def _runs(url: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-inflight", type=int, default=8)
-    ap.add_argument("--reserved-inflight", type=int, default=2)
+    ap.add_argument("--reserved-inflight", type=int, default=3)
     ap.add_argument("--max-queued", type=int, default=32)
-    ap.add_argument("--high-rate", type=float, default=1.0, help="high-priority requests per second")
+    ap.add_argument("--high-rate", type=float, default=2.0, help="high-priority requests per second")
     ap.add_argument("--high-max-tokens", type=int, default=8)
     ap.add_argument("--low-max-tokens", type=int, default=32)
     ap.add_argument("--duration-s", type=float, default=60.0)
