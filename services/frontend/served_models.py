@@ -4,10 +4,14 @@ aliases, as vLLM's `--served-model-name NAME ALIAS...` (an alias is answered und
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
+import msgspec
 import orjson
 
-from services.frontend.openai_api import ApiError
+from services.frontend.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
+
+_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +26,11 @@ class ServedModels:
         served = ", ".join(repr(n) for n in (self.name, *self.aliases))
         raise ApiError(404, f"model {requested!r} does not exist; this server serves {served}", param="model",
                        code="model_not_found")
+
+    def served(self, body: _Body) -> _Body:
+        """The request under the served name (what workers registered and responses carry)."""
+        name = self.canonical(body.model)
+        return body if name == body.model else msgspec.structs.replace(body, model=name)
 
     def listing(self) -> bytes:
         """/v1/models: every name, each pointing at the served one (``root``)."""

@@ -9,21 +9,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
-import msgspec
 import orjson
 import structlog
 
 from common.errors import SplitserveError
 from common.transport import new_id
+from services.frontend import utility_api
 from services.frontend.admission import AdmissionConfig
 from services.frontend.admission_gate import AdmissionGate, current_priority
 from services.frontend.answer import Answers
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
-from services.frontend.context import offload_tokenization, served_context_len
+from services.frontend.context import offload_tokenization, served_context_len, truncate_prompt
 from services.frontend.dashboard import Dashboard
+from services.frontend.echo import Echo, chat_echo, completion_echo
 from services.frontend.health import PoolCounts, count_pools, judge_health
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.loop_lag import watch_loop_lag
@@ -31,15 +31,14 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
-    CompletionRequest,
     completion_prompt,
-    parse_chat,
     parse_completion,
     stop_strings,
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
+from services.frontend.request_ids import response_ids
 from services.frontend.responses_as_chat import ResponsesShape, parse_responses
-from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
+from services.frontend.sampling import engines_of, guided_field, refusal_for_engines, sampling_params
 from services.frontend.served_models import ServedModels
 from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_prompt_chars, max_tokens_for
 from services.frontend.tokenizer import ModelTokenizer
@@ -51,11 +50,8 @@ log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
-          "/health": "GET",
+          "/health": "GET", "/tokenize": "POST", "/detokenize": "POST", "/version": "GET", "/ping": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
-
-
-_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @dataclass(frozen=True)
@@ -142,6 +138,8 @@ class FrontendService:
     async def handle(self, req: Request, resp: Response) -> None:
         endpoint = req.path if req.path in ROUTES else "other"
         method = "GET" if req.method == "HEAD" else req.method  # HEAD: GET's answer, headers only
+        if client_id := req.headers.get("x-request-id"):  # vLLM's (with --enable-request-id-headers): echoed
+            resp.headers = ((b"x-request-id", client_id.encode("latin-1")),)
         try:
             if not self._authorized(req):
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
@@ -159,13 +157,28 @@ class FrontendService:
                     resp.send(200, self._served_models.listing())
                 case ("GET", "/health"):
                     await self._health(resp)
+                case ("GET" | "POST", "/ping"):
+                    resp.send((await self._judge_health())[0].http_status, b"", b"text/plain")
+                case ("POST", "/tokenize"):
+                    request = utility_api.parse_tokenize(req.body)
+                    if request.model is not None:
+                        self._served_models.canonical(request.model)
+                    resp.send(200, await self._off_loop(functools.partial(
+                        utility_api.tokenize, request, self.tokenizer, self._context_len()), len(req.body)))
+                case ("POST", "/detokenize"):
+                    request = utility_api.parse_detokenize(req.body)
+                    if request.model is not None:
+                        self._served_models.canonical(request.model)
+                    resp.send(200, utility_api.detokenize(request, self.tokenizer))
+                case ("GET", "/version"):
+                    resp.send(200, utility_api.version())
                 case ("GET", "/metrics"):
                     resp.send(200, self.metrics.render(), b"text/plain; version=0.0.4")
                 case ("GET", "/dashboard"):
                     resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
                 case ("GET", "/dashboard/data"):
                     resp.send(200, await self.dashboard.data())
-                case (_, path) if path in ROUTES:
+                case (_, path) if path in ROUTES and path != "/ping":
                     raise ApiError(405, f"method {req.method} not allowed on {req.path}",
                                    headers=((b"allow", ROUTES[path].encode()),))
                 case _:
@@ -198,6 +211,13 @@ class FrontendService:
         self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
 
     async def _health(self, resp: Response) -> None:
+        health, counts = await self._judge_health()
+        resp.send(health.http_status, orjson.dumps({
+            "status": health.status, "reasons": health.reasons,
+            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
+            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+
+    async def _judge_health(self):
         now = time.monotonic()
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
@@ -207,18 +227,9 @@ class FrontendService:
                 counts = PoolCounts()
             self._workers_cache = (now, counts)
             self._pools_seen |= counts.pools
-        health = judge_health(counts, self._pools_seen)
-        resp.send(health.http_status, orjson.dumps({
-            "status": health.status, "reasons": health.reasons,
-            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
-            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+        return judge_health(counts, self._pools_seen), counts
 
     # ----------------------------------------------------------------------------------------- generation
-    def _served(self, body: _Body) -> _Body:
-        """The request under the served name (what workers registered and responses carry)."""
-        name = self._served_models.canonical(body.model)
-        return body if name == body.model else msgspec.structs.replace(body, model=name)
-
     def _context_len(self) -> int:
         return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
                                   self.config.model_name)
@@ -237,45 +248,66 @@ class FrontendService:
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
         tokenizer = self.tokenizer
-        chat = parse_chat_request(req.body, self._served(body or parse_chat(req.body)),
-                                  self._parsers if body is None else None, self._tool_parser,
-                                  self.config.enable_auto_tool_choice)
-        check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
+        chat = parse_chat_request(req.body, body, self._served_models, self._parsers if body is None else None,
+                                  self._tool_parser, self.config.enable_auto_tool_choice)
+        if chat.body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
+            check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
         prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
-        max_tokens = max_tokens_for(chat.max_tokens, len(prompt.token_ids), self._context_len())
-        sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools)
-        shape = shape or ResponseShape.chat(new_id("chatcmpl"), chat.body.model)
+        token_ids = self._truncated(prompt.token_ids, chat.body)
+        max_tokens = max_tokens_for(chat.max_tokens, len(token_ids), self._context_len())
+        sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools,
+                                   tokenizer.encode)
+        public_id, pipeline_id = response_ids("chatcmpl", req.headers, chat.body)
+        shape = shape or ResponseShape.chat(public_id, chat.body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(chat.body.stop), chat.body,
-                             chat.answer_tools, chat.parse)
+        await self._generate(resp, shape, tuple(token_ids), sampling, chat.stop, chat.body, chat.answer_tools,
+                             chat.parse, chat_echo(chat.body, chat.messages), pipeline_id,
+                             guided_field(chat.body, chat.tools))
 
     async def _completion(self, req: Request, resp: Response) -> None:
         """parse, tokenize, admit, generate, shape."""
         tokenizer = self.tokenizer
-        body = self._served(parse_completion(req.body))
+        body = self._served_models.served(parse_completion(req.body))
         prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
-        if isinstance(prompt, str):
+        if isinstance(prompt, str) and body.truncate_prompt_tokens is None:  # one to be truncated: any length
             check_prompt_chars(len(prompt), tokenizer.max_token_chars, self._context_len(), "prompt")
+        if isinstance(prompt, str):
             token_ids = await self._off_loop(lambda: tokenizer.encode(prompt), len(prompt))
         else:
             token_ids = prompt
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
+        token_ids = self._truncated(token_ids, body)
         max_tokens = max_tokens_for(body.max_tokens, len(token_ids), self._context_len(),
                                     COMPLETION_DEFAULT_MAX_TOKENS, param="prompt")
-        sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size)
-        shape = ResponseShape.completion(new_id("cmpl"), body.model)
+        sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size,
+                                   encode=tokenizer.encode)
+        public_id, pipeline_id = response_ids("cmpl", req.headers, body)
+        shape = ResponseShape.completion(public_id, body.model)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
-        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
+        echo = completion_echo(body, prompt, tuple(token_ids), tokenizer.tokenizer.decode)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, None, None, echo,
+                             pipeline_id, guided_field(body, None))
+
+    def _truncated(self, token_ids, body):
+        """vLLM's truncate_prompt_tokens applied to the tokenized prompt (context.truncate_prompt)."""
+        try:
+            return truncate_prompt(token_ids, body.truncate_prompt_tokens, body.truncation_side, self._context_len())
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="truncate_prompt_tokens") from exc
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None) -> None:
-        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None,
+                        echo: Echo | None = None, pipeline_id: str | None = None,
+                        guided_by: str = "response_format") -> None:
+        """``echo``: what the answer starts with; ``pipeline_id``: the graph's id when not the response's;
+        ``guided_by``: the field that asked for guided decoding (named if an engine cannot)."""
+        await self._check_engines(sampling, guided_by)
         if priority := current_priority.get():  # admitted by self._gate; the engine schedules by it too
             sampling = msgspec.structs.replace(sampling, priority=priority)
-        await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse)
+        await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse, echo, pipeline_id)
 
     async def _check_engines(self, sampling, guided_by: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""

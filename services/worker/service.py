@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import structlog
 import zmq
 import zmq.asyncio
 
-from common import tracing
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
-from common.outbox import PeerOutbox
+from common.outbox import PeerOutbox, PeerStalled
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -58,7 +58,7 @@ from services.worker.kv_events import KvEventPublisher
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
-from services.worker.trace_phases import trace_request
+from services.worker.trace_phases import RequestTrace
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
@@ -107,8 +107,10 @@ class WorkerService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
-        self._outbox = PeerOutbox(self._server, self._undelivered)
+        # Our high-water mark bounds what libzmq holds for a frontend that stopped reading (the outbox the rest).
+        self._server = Server(ctx, self.config.endpoint,
+                              replace(self.config.transport, hwm=self.config.outbox.socket_frames), mandatory=True)
+        self._outbox = PeerOutbox(self._server, self._undelivered, self.config.outbox)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._events_socket = EventsSocket(ctx, self.config.transport)
         if self._events is not None:
@@ -266,21 +268,16 @@ class WorkerService:
         assert self._server is not None
         # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
-        request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote, traceparent=msg.traceparent)
-        if msg.kv_transfer is not None:
-            self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
+        request = EngineRequest.of(msg)
+        if request.kv_transfer is not None:
+            self._transfer_sources.started(msg.request_id, request.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
-        # pulled or pushed from a prefill worker when kv_transfer is set, else prefilled here).
+        # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
-        started_s = time.monotonic()
+        trace = RequestTrace(msg, self.transfers_simulated)
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
-        first: tuple[float, float, float] | None = None  # (first token at, engine's scheduled_s, loaded_s)
         try:
-            async for out in self.engine.generate(request):
-                if first is None:
-                    first = (time.monotonic(), out.scheduled_s, out.loaded_s)
+            async for out in trace.outputs(self.engine.generate(request)):
                 self._transfer_sources.finished(msg.request_id)
                 num_output_tokens += len(out.token_ids)
                 num_cached_tokens = out.num_cached_tokens
@@ -290,8 +287,16 @@ class WorkerService:
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
-                    logprobs=out.logprobs)
+                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
+                await self._outbox.room(identity)  # a frontend that reads slowly pauses its requests' output
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
+        except PeerStalled as exc:
+            # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.
+            outcome = "failed"
+            log.warning("requester_stalled", request_id=msg.request_id, error=str(exc),
+                        num_dropped=self._outbox.drop(identity, msg.request_id))
+            await self.engine.abort(msg.request_id)
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="requester_stalled", message=str(exc)))
         except Exception as exc:
             if self._engine_is_dead():
                 # Not this request's fault: the frontend moves it to another worker (or this one's successor).
@@ -315,15 +320,13 @@ class WorkerService:
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
-            if msg.traceparent and tracing.enabled():
-                trace_request(msg, started_s, first, self.transfers_simulated, worker_id=self.config.worker_id,
-                              outcome=outcome)
+            trace.done(self.config.worker_id, outcome)
             # One line a request at info: where each prompt was prefilled is visible on the worker itself.
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
                      num_output_tokens=num_output_tokens,
-                     kv_transfer=msg.kv_transfer.mode if msg.kv_transfer is not None else "",
-                     duration_ms=round((time.monotonic() - started_s) * 1000, 1))
+                     kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
+                     duration_ms=round((time.monotonic() - trace.arrival_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)

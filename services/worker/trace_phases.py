@@ -12,10 +12,12 @@ one that does not report the KV landing gets the transfer up to the first token;
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 from common import tracing
 from common.protocol import Generate
 from common.tracing import Phase
+from services.worker.engine import EngineOutput
 
 UNREPORTED = {"splitserve.timing": "unreported"}
 
@@ -42,13 +44,36 @@ def worker_phases(prefill_only: bool, kv_transfer: bool, arrival_s: float, sched
     return phases
 
 
-def trace_request(msg: Generate, arrival_s: float, first: tuple[float, float, float] | None,
-                  transfer_simulated: bool, **attributes: object) -> None:
-    """Records the finished request's server span and phases; ``first``: (first output at, the engine's
-    scheduled_s, loaded_s), None when nothing came out."""
-    end_s = time.monotonic()
-    first_s, scheduled_s, loaded_s = first or (0.0, 0.0, 0.0)
-    phases = worker_phases(msg.prefill_only, msg.kv_transfer is not None, arrival_s, scheduled_s, loaded_s,
-                           first_s, end_s, transfer_simulated)
-    kind = "prefill" if msg.prefill_only else "generate"
-    tracing.record_remote(f"worker.{kind}", msg.traceparent, arrival_s, end_s, phases, **attributes)
+
+class RequestTrace:
+    """One request's trace on this worker: the engine's first output timed as it passes, the spans recorded when
+    the request ends. Off (no tracing, or the request carries no traceparent): the engine's outputs pass
+    untouched and nothing is recorded."""
+
+    def __init__(self, msg: Generate, transfer_simulated: bool) -> None:
+        self.arrival_s = time.monotonic()
+        self._msg = msg
+        self._simulated = transfer_simulated
+        self._on = bool(msg.traceparent) and tracing.enabled()
+        self._first: tuple[float, float, float] | None = None  # (first output at, engine's scheduled_s, loaded_s)
+
+    def outputs(self, outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
+        return self._watched(outputs) if self._on else outputs
+
+    async def _watched(self, outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
+        async for out in outputs:
+            if self._first is None:
+                self._first = (time.monotonic(), out.scheduled_s, out.loaded_s)
+            yield out
+
+    def done(self, worker_id: str, outcome: str) -> None:
+        if not self._on:
+            return
+        msg, end_s = self._msg, time.monotonic()
+        first_s, scheduled_s, loaded_s = self._first or (0.0, 0.0, 0.0)
+        pulled = msg.handoff is not None and msg.handoff.kv_transfer is not None
+        phases = worker_phases(msg.prefill_only, pulled, self.arrival_s, scheduled_s, loaded_s, first_s, end_s,
+                               self._simulated)
+        kind = "prefill" if msg.prefill_only else "generate"
+        tracing.record_remote(f"worker.{kind}", msg.traceparent, self.arrival_s, end_s, phases,
+                              worker_id=worker_id, outcome=outcome)
