@@ -6,6 +6,16 @@ from pathlib import Path
 
 import typer
 
+from cli.admission_options import (
+    DefaultTtftBudgetS,
+    MaxQueued,
+    MaxQueueWaitS,
+    ReservedInflight,
+    ReservedMaxPriority,
+    TenantWeights,
+    TtftBudgets,
+    admission_config,
+)
 from cli.http_limits import (
     BodyTimeoutS,
     HeaderTimeoutS,
@@ -34,6 +44,7 @@ from cli.options import (
     validated,
 )
 from cli.runner import run_service
+from cli.tracing_setup import OtlpTracesEndpoint, configure_tracing
 
 
 def frontend(
@@ -65,7 +76,15 @@ def frontend(
     metrics_port: int = typer.Option(0, help="This process's own Prometheus port (0: /metrics on --port only)"),
     metrics_host: str = MetricsHost,
     max_inflight: int = typer.Option(4096, envvar="SPLITSERVE_MAX_INFLIGHT",
-                                     help="Requests in flight before new ones get 503"),
+                                     help="Requests in flight before new ones queue (--max-queued) or get 503"),
+    max_queued: int = MaxQueued,
+    max_queue_wait_s: float = MaxQueueWaitS,
+    ttft_budgets: str = TtftBudgets,
+    default_ttft_budget_s: float = DefaultTtftBudgetS,
+    tenant_weights: str = TenantWeights,
+    reserved_inflight: int = ReservedInflight,
+    reserved_max_priority: int = ReservedMaxPriority,
+    otlp_traces_endpoint: str = OtlpTracesEndpoint,
     chat_template: Path | None = ChatTemplate,
     tool_call_parser: str | None = ToolCallParser,
     reasoning_parser: str | None = ReasoningParser,
@@ -89,8 +108,11 @@ def frontend(
         raise typer.BadParameter("decode or prefill", param_hint="--first-token")
     if enable_auto_tool_choice and not tool_call_parser:
         raise typer.BadParameter("--enable-auto-tool-choice needs --tool-call-parser", param_hint="--tool-call-parser")
+    admission = admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s,
+                                 tenant_weights, reserved_inflight, reserved_max_priority)
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
+    configure_tracing(otlp_traces_endpoint, "frontend")
     from services.frontend.heap import settle_heap
     from services.frontend.pipeline import PipelineConfig
     from services.frontend.service import FrontendConfig, FrontendService
@@ -104,7 +126,7 @@ def frontend(
                                 migration_wait_s=migration_wait_s, first_token=first_token,  # type: ignore[arg-type]
                                 transport=transport(curve_dir, "frontend")),
         http=limits.http_config(host, port, reuse_port),
-        api_key=api_key, max_inflight_requests=max_inflight, log_prompts=log_prompts,
+        api_key=api_key, max_inflight_requests=max_inflight, admission=admission, log_prompts=log_prompts,
         open_paths=tuple(p for p in open_paths.split(",") if p), num_tokenizer_threads=tokenizer_threads,
         metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host,
         chat_template=chat_template.read_text() if chat_template is not None else None,

@@ -18,6 +18,7 @@ from cli.options import (
     transport,
 )
 from cli.runner import run_service
+from cli.tracing_setup import OtlpTracesEndpoint, configure_tracing
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def router(
     disk_tier_bytes_per_s: Optional[float] = typer.Option(None, help="kv: likewise from the disk tier "
                                                           "(default: the profile's, else TierConfig's 1e9)"),
     curve_dir: Optional[Path] = CurveDir,
+    otlp_traces_endpoint: str = OtlpTracesEndpoint,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -85,6 +87,7 @@ def router(
     from common.addresses import check_advertised, default_events_bind
 
     configure_logging(log_level, log_json, "router")
+    configure_tracing(otlp_traces_endpoint, "router")
     address_checked(check_advertised, events_advertise, "--events-advertise")
     events_bind = events_endpoint or address_checked(default_events_bind, endpoint)
     links = {k: v for k, v in (("same_node_bytes_per_s", same_node_bytes_per_s),

@@ -21,6 +21,16 @@ from cli.http_limits import (
     MaxConnections,
     MaxHeaderKib,
 )
+from cli.admission_options import (
+    DefaultTtftBudgetS,
+    MaxQueued,
+    MaxQueueWaitS,
+    ReservedInflight,
+    ReservedMaxPriority,
+    TenantWeights,
+    TtftBudgets,
+    admission_args,
+)
 from cli.graph_spec import up_kv_transfer
 from cli.logs import configure_logging
 from cli.options import (
@@ -42,6 +52,7 @@ from cli.options import (
     served_names,
     validated,
 )
+from cli.tracing_setup import OtlpTracesEndpoint
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
@@ -170,12 +181,22 @@ def up(
     reasoning_parser: Optional[str] = _in_panel(ReasoningParser, FRONTEND),
     enable_auto_tool_choice: bool = _in_panel(EnableAutoToolChoice, FRONTEND),
     first_token: str = _in_panel(FirstToken, FRONTEND),
+    max_inflight: int = typer.Option(4096, help="Each frontend's requests in flight before new ones queue "
+                                     "(--max-queued) or get 503", rich_help_panel=FRONTEND),
+    max_queued: int = _in_panel(MaxQueued, FRONTEND),
+    max_queue_wait_s: float = _in_panel(MaxQueueWaitS, FRONTEND),
+    ttft_budgets: str = _in_panel(TtftBudgets, FRONTEND),
+    default_ttft_budget_s: float = _in_panel(DefaultTtftBudgetS, FRONTEND),
+    tenant_weights: str = _in_panel(TenantWeights, FRONTEND),
+    reserved_inflight: int = _in_panel(ReservedInflight, FRONTEND),
+    reserved_max_priority: int = _in_panel(ReservedMaxPriority, FRONTEND),
     curve: bool = typer.Option(False, "--curve", help="CURVE on every socket with fresh keys per service (`keys "
                                "make` into a private directory of this run, removed at exit)", rich_help_panel=NETWORK),
     curve_dir: Optional[Path] = _in_panel(CurveDir, NETWORK),
     # Logging and metrics
     log_level: str = _in_panel(LogLevel, LOGGING),
     log_json: bool = _in_panel(LogJson, LOGGING),
+    otlp_traces_endpoint: str = _in_panel(OtlpTracesEndpoint, LOGGING),
     metrics_sd_file: Optional[Path] = typer.Option(
         None, help="Prometheus file-SD targets, one per service (default: <tmp>/splitserve-<uid>/targets-<port>.json)",
         rich_help_panel=LOGGING),
@@ -259,7 +280,11 @@ def up(
                      engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
                      decode_engine_args=pool_args["decode"], placement=placement,
                      frontend_args=frontend_args(chat_template, tool_call_parser, reasoning_parser,
-                                                 enable_auto_tool_choice, first_token))
+                                                 enable_auto_tool_choice, first_token)
+                     + admission_args(max_inflight, max_queued, max_queue_wait_s, ttft_budgets,
+                                      default_ttft_budget_s, tenant_weights, reserved_inflight,
+                                      reserved_max_priority),
+                     otlp_traces_endpoint=otlp_traces_endpoint)
     raise typer.Exit(launch(spec))
 
 

@@ -32,6 +32,7 @@ from cli.options import (
     validated,
 )
 from cli.runner import run_service
+from cli.tracing_setup import OtlpTracesEndpoint, configure_tracing
 
 # The worker's exit status when its engine died under it (2 is a usage error; 1 any other crash).
 ENGINE_DEAD_EXIT_CODE = 3
@@ -101,6 +102,7 @@ def worker(
         help="vLLM engine arguments as one string (for deploy files: compose, Kubernetes and systemd set each pool's "
              "in the environment); the command line's own engine arguments win"),
     curve_dir: Optional[Path] = CurveDir,
+    otlp_traces_endpoint: str = OtlpTracesEndpoint,
     log_level: str = LogLevel,
     log_json: bool = LogJson,
 ) -> None:
@@ -123,6 +125,7 @@ def worker(
     from services.worker.service import WorkerService
 
     configure_logging(log_level, log_json, f"worker-{role}")
+    configure_tracing(otlp_traces_endpoint, f"worker-{role}")
     import shlex
 
     try:

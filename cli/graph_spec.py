@@ -13,6 +13,7 @@ from pathlib import Path
 from cli.http_limits import HttpLimits
 from cli.placement import Placement
 from cli.ports import free_port
+from cli.tracing_setup import tracing_args
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
 
@@ -105,8 +106,11 @@ class GraphSpec:
     switchable: bool | None = None
     # Names clients use (the first is the one responses carry and workers register); (): the model's own name.
     served_model_names: tuple[str, ...] = ()
-    # Passed to every frontend as is: --chat-template, --tool-call-parser, --reasoning-parser, ... (cmd_up).
+    # Passed to every frontend as is: --chat-template, --tool-call-parser, --reasoning-parser, the admission
+    # queue's options, ... (cmd_up).
     frontend_args: tuple[str, ...] = ()
+    # OTLP endpoint every frontend, router and worker sends trace spans to ("": no tracing).
+    otlp_traces_endpoint: str = ""
     # vLLM engine arguments as typed (engine_args.py parses them): every worker's, then each pool's own after them
     # (argparse keeps the last value, so a pool's word wins over the common one).
     engine_args: tuple[str, ...] = ()
@@ -172,6 +176,7 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
     if spec.served_model_names:
         cmd += ["--served-model-name", spec.served_model_names[0]]
+    cmd += tracing_args(spec.otlp_traces_endpoint)
     engine_args = pool_engine_args(spec, role)
     if spec.placement is not None and index < len(spec.placement.engines):
         placed = spec.placement.engines[index]
@@ -218,14 +223,14 @@ def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
         cmd += ["--busy-threshold", str(spec.router_busy_threshold)]
     if spec.router_link_min_samples is not None:
         cmd += ["--link-min-samples", str(spec.router_link_min_samples)]
-    return cmd
+    return cmd + tracing_args(spec.otlp_traces_endpoint)
 
 
 def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[str]]:
     """``num_frontends`` frontends on one port; more than one: each also on a metrics port of its own (on the
     shared port, /metrics answers from whichever process the kernel picked)."""
     cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port),
-           *spec.http_limits.args(), *spec.frontend_args]
+           *spec.http_limits.args(), *spec.frontend_args, *tracing_args(spec.otlp_traces_endpoint)]
     if spec.served_model_names:
         cmd += ["--served-model-name", ",".join(spec.served_model_names)]
     if spec.num_frontends <= 1:

@@ -25,6 +25,8 @@ class RouteRequest(Msg, frozen=True):
     exclude_worker_ids: tuple[str, ...] = ()
     # Worker processes (WorkerInfo.instance_id) to avoid: the one a migrating request lost, not its restart.
     exclude_instance_ids: tuple[str, ...] = ()
+    # W3C traceparent of the frontend's route span ("" = not traced): the router's span continues the trace.
+    traceparent: str = ""
 
 
 class WorkerRef(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -81,6 +83,8 @@ class Generate(Msg, frozen=True):
     handoff: Handoff | None = None
     # Route.kvtier_remote: after the own kvtier's run, load the prompt's next blocks from this one.
     kvtier_remote: str = ""
+    # W3C traceparent of the frontend's request span ("" = not traced): the worker's phase spans join its trace.
+    traceparent: str = ""
 
 
 class Tokens(Msg, frozen=True):

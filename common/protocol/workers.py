@@ -43,6 +43,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     # Logprobs of each prompt token and this many alternatives (None: none), from the engine that computes the
     # prompt: such a request is prefilled where it decodes (docs/api.md).
     prompt_logprobs: int | None = None
+    # vLLM's request priority: lower runs earlier (engines with priority scheduling; 0 for all: arrival order).
+    priority: int = 0
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -29,6 +29,11 @@ class ApiError(Exception):
                                        "code": self.code}})
 
 
+# A request's priority (vLLM's field; lower runs earlier): a signed 32-bit integer, what any engine takes.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+Priority = Annotated[int, msgspec.Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
 class TextPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: str
     text: str | None = None
@@ -130,6 +135,8 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     structured_outputs: StructuredOutputs | None = None
     # vLLM's: the response id's suffix (the X-Request-Id header wins), default random.
     request_id: str | None = None
+    # vLLM's: lower runs earlier; read by the admission queue before this parse (admission_gate.py).
+    priority: Priority | None = None
     # Refused when set (see UNSUPPORTED).
     best_of: int | None = None
     # Removed in vLLM 0.32 (which ignores them, unconstrained): refused, naming structured_outputs.

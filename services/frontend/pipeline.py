@@ -34,6 +34,7 @@ from common.protocol import (
     WorkerList,
     WorkerStats,
 )
+from common import tracing
 from common.router_set import RouterSet
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.idle_watch import SILENT, IdleWatch
@@ -149,8 +150,12 @@ class Pipeline:
     async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
                     exclude: tuple[str, ...] = (), exclude_instances: tuple[str, ...] = (),
                     no_worker_wait_s: float | None = None) -> Route:
-        msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude,
-                           exclude_instance_ids=exclude_instances)
+        with tracing.span("route", phase="route"):
+            msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude,
+                               exclude_instance_ids=exclude_instances, traceparent=tracing.traceparent())
+            return await self._route(msg, no_worker_wait_s)
+
+    async def _route(self, msg: RouteRequest, no_worker_wait_s: float | None) -> Route:
         wait_s = self.config.no_worker_wait_s if no_worker_wait_s is None else no_worker_wait_s
         deadline_s = time.monotonic() + wait_s
         while True:
@@ -232,7 +237,7 @@ class Pipeline:
             self.metrics.prefill_decisions.labels(where="local").inc()
         # The same prompt and budget as the prefill's: the hand-off says what was made there (continuation.py).
         msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, handoff=handoff,
-                       kvtier_remote=route.kvtier_remote)
+                       kvtier_remote=route.kvtier_remote, traceparent=tracing.traceparent())
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
                 self.metrics.transfer_failures.inc()
@@ -249,7 +254,8 @@ class Pipeline:
                        route: Route) -> _Prefilled | None:
         """Run the prompt on the prefill worker; None means it failed and the decode worker prefills."""
         assert route.prefill is not None
-        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, prefill_only=True)
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, prefill_only=True,
+                       traceparent=tracing.traceparent())
         try:
             async for out in self._stream(self._client(route.prefill.endpoint), msg,
                                           idle_timeout_s=self.config.prefill_timeout_s):

@@ -18,6 +18,7 @@ from services.frontend.openai_api import (
     ChatCompletionRequest,
     ChatMessage,
     JsonSchema,
+    Priority,
     ResponseFormat,
     decode_request,
     refuse_unsupported,
@@ -80,6 +81,8 @@ class ResponsesRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_tool_calls: int | None = None
     top_logprobs: int | None = None
     stream_options: Any = None
+    # vLLM's: lower runs earlier; read by the admission queue before this parse (admission_gate.py).
+    priority: Priority | None = None
 
 
 RESPONSES_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {

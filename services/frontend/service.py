@@ -16,6 +16,8 @@ import structlog
 from common.errors import SplitserveError
 from common.transport import new_id
 from services.frontend import utility_api
+from services.frontend.admission import AdmissionConfig
+from services.frontend.admission_gate import AdmissionGate, current_priority
 from services.frontend.answer import Answers
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
@@ -72,8 +74,10 @@ class FrontendConfig:
     # This process's own Prometheus port (0: /metrics on the HTTP port only).
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
-    # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload).
+    # Generate requests in flight beyond which new ones get 503 + Retry-After (bounded memory under overload);
+    # ``admission`` (the queue, priorities and tenant shares) replaces it when set.
     max_inflight_requests: int = 4096
+    admission: AdmissionConfig | None = None
     # vLLM's OpenAI-server options: a chat template's text over the model's own; vLLM's tool-call and
     # reasoning parsers by name (tool_stream.py); "auto" tool choice only with the flag when a parser is named.
     chat_template: str | None = None
@@ -95,7 +99,8 @@ class FrontendService:
         # seen serving since start (one gone empty makes /health "degraded").
         self._workers_cache: tuple[float, PoolCounts] = (0.0, PoolCounts())
         self._pools_seen: frozenset[str] = frozenset()
-        self._num_inflight = 0
+        # Generate requests wait here for a slot, by priority and tenant share (admission.py).
+        self._gate = AdmissionGate(config.admission or AdmissionConfig(max_inflight=config.max_inflight_requests))
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
         self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
         # A token's own text, for logprobs (special tokens kept: the model did sample them).
@@ -140,11 +145,14 @@ class FrontendService:
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
             match (method, req.path):
                 case ("POST", "/v1/chat/completions"):
-                    await self._chat(req, resp)
+                    async with self._gate.admitted(req.path, req.body, req.headers):
+                        await self._chat(req, resp)
                 case ("POST", "/v1/completions"):
-                    await self._completion(req, resp)
+                    async with self._gate.admitted(req.path, req.body, req.headers):
+                        await self._completion(req, resp)
                 case ("POST", "/v1/responses"):
-                    await self._responses(req, resp)
+                    async with self._gate.admitted(req.path, req.body, req.headers):
+                        await self._responses(req, resp)
                 case ("GET", "/v1/models"):
                     resp.send(200, self._served_models.listing())
                 case ("GET", "/health"):
@@ -297,15 +305,9 @@ class FrontendService:
         """``echo``: what the answer starts with; ``pipeline_id``: the graph's id when not the response's;
         ``guided_by``: the field that asked for guided decoding (named if an engine cannot)."""
         await self._check_engines(sampling, guided_by)
-        if self._num_inflight >= self.config.max_inflight_requests:
-            raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
-                           headers=((b"retry-after", b"1"),))
-        self._num_inflight += 1
-        try:
-            await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse, echo,
-                                       pipeline_id)
-        finally:
-            self._num_inflight -= 1
+        if priority := current_priority.get():  # admitted by self._gate; the engine schedules by it too
+            sampling = msgspec.structs.replace(sampling, priority=priority)
+        await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse, echo, pipeline_id)
 
     async def _check_engines(self, sampling, guided_by: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import structlog
 import zmq.asyncio
 
-from common import protocol
+from common import protocol, tracing
 from common.addresses import advertised_events
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
 from common.hashing import block_hashes
@@ -146,7 +146,8 @@ class RouterService:
             return verdict or None
         match msg:
             case RouteRequest():
-                return self._route(msg)
+                with tracing.remote_span("router.route", msg.traceparent, num_tokens=len(msg.token_ids)):
+                    return self._route(msg)
             case Heartbeat(worker_id=worker_id) if worker_id in self.tiers:
                 self.tiers.beat(worker_id, now_s)
                 return None

@@ -65,6 +65,8 @@ class EngineRequest:
     handoff: Handoff | None = None
     # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
     kvtier_remote: str = ""
+    # Generate.traceparent: the request's trace, for engines that trace themselves (vLLM's trace_headers).
+    traceparent: str = ""
 
     @property
     def kv_transfer(self) -> KvTransferParams | None:
@@ -74,7 +76,8 @@ class EngineRequest:
     @classmethod
     def of(cls, msg: Generate) -> EngineRequest:
         return cls(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                   prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote)
+                   prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote,
+                   traceparent=msg.traceparent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,10 @@ class EngineOutput:
     logprobs: tuple[TokenLogprobs, ...] = ()
     # SamplingParams.prompt_logprobs: on the first output, one per prompt token after the first (Tokens').
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    # On the first output, engines that time their phases (mock): when the engine first scheduled the request
+    # and when its pulled KV landed, monotonic seconds of this host; 0: not reported (the worker's trace spans).
+    scheduled_s: float = 0.0
+    loaded_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ from services.worker.kv_events import KvEventPublisher
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
+from services.worker.trace_phases import RequestTrace
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
@@ -273,10 +274,10 @@ class WorkerService:
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
         # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
-        started_s = time.monotonic()
+        trace = RequestTrace(msg, self.transfers_simulated)
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
         try:
-            async for out in self.engine.generate(request):
+            async for out in trace.outputs(self.engine.generate(request)):
                 self._transfer_sources.finished(msg.request_id)
                 num_output_tokens += len(out.token_ids)
                 num_cached_tokens = out.num_cached_tokens
@@ -319,12 +320,13 @@ class WorkerService:
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
+            trace.done(self.config.worker_id, outcome)
             # One line a request at info: where each prompt was prefilled is visible on the worker itself.
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
                      num_output_tokens=num_output_tokens,
                      kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
-                     duration_ms=round((time.monotonic() - started_s) * 1000, 1))
+                     duration_ms=round((time.monotonic() - trace.arrival_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)

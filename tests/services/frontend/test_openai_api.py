@@ -31,7 +31,8 @@ HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens"
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "top_k", "min_p",
             "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "echo", "allowed_token_ids",
             "bad_words", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-            "truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "structured_outputs", "request_id"}
+            "truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "structured_outputs", "request_id",
+            "priority"}  # priority: the admission queue and the engine (services/frontend/admission_gate.py)
 
 
 def chat(**fields) -> ChatCompletionRequest:

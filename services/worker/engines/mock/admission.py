@@ -59,4 +59,5 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, k
         stop_token_ids=frozenset(sampling.stop_token_ids),
         prefill_only=request.prefill_only,
         kv_transfer=request.kv_transfer is not None,
+        priority=sampling.priority,
     )

@@ -30,14 +30,12 @@ from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.nixl_transfers import NixlTransfers
 from services.worker.engines.mock.sampling import check_supported, next_token
 from services.worker.engines.mock.scheduler import KvLoad, Scheduler, SchedulerConfig, SeqOutput, StepPlan
+from services.worker.engines.mock.step_notes import StepNotes
 from services.worker.engines.mock.tier import Onboard, TierLink
 from services.worker.tier_load_log import TierLoadLog
 from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
-
-# Steps that prefill fewer tokens than this do not count toward the reported prefill rate.
-_MIN_RATE_TOKENS = 128
 
 
 @dataclass(slots=True)
@@ -86,8 +84,7 @@ class MockEngine:
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
         # Registered with the router, which prices a prompt's KV move with it.
         self.kv_bytes_per_token = config.kv_bytes_per_token
-        # Prefill tokens/s of recent steps that prefilled (EMA over their scaled step seconds); 0 until one ran.
-        self._prefill_tokens_per_s = 0.0
+        self._notes = StepNotes()  # the prefill rate reported, each request's scheduled and landed times
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
         self._pending_events: list[KvEvent] = []
         self.num_onboards = 0
@@ -152,7 +149,7 @@ class MockEngine:
             num_total_blocks=self.num_blocks,
             num_active_blocks=self._scheduler.num_active_blocks(),
             num_waiting_tokens=self._scheduler.num_queued_prefill_tokens(),
-            prefill_tokens_per_s=self._prefill_tokens_per_s,
+            prefill_tokens_per_s=self._notes.prefill_tokens_per_s,
         )
 
     def settings(self) -> dict[str, str]:
@@ -226,6 +223,7 @@ class MockEngine:
 
     def _drop(self, request_id: str) -> _Live | None:
         live = self._live.pop(request_id, None)
+        self._notes.forget(request_id)
         if live is None:
             return None
         handle = self._load_handles.pop(request_id, None)
@@ -252,6 +250,7 @@ class MockEngine:
         try:
             while True:
                 plan = self._scheduler.schedule() if self._scheduler.has_work() else StepPlan()
+                self._notes.scheduled(plan)
                 self._collect_events()
                 in_step_s = sum(self._start_load(load) for load in plan.loads)
                 if not (plan.prefills or plan.decode_seq_ids):
@@ -263,7 +262,7 @@ class MockEngine:
                     plan.num_prefill_tokens, len(plan.decode_seq_ids), plan.num_decode_kv_tokens
                 ) + in_step_s
                 await asyncio.sleep(step_s)  # sleep(0) at infinite speedup still lets others run
-                self._note_prefill_rate(plan.num_prefill_tokens, step_s)
+                self._notes.prefill_step(plan.num_prefill_tokens, step_s)
                 self._apply(plan)
                 self._collect_events()
         except asyncio.CancelledError:
@@ -271,16 +270,6 @@ class MockEngine:
         except Exception as exc:
             log.exception("mock engine step loop failed")
             self._fail(exc)
-
-    def _note_prefill_rate(self, num_prefill_tokens: int, step_s: float) -> None:
-        """Fold one step into the reported prefill rate (a mixed step's decode share counts against it, as on
-        a real engine). Steps of no simulated time, and the one-token "prefills" that follow a KV pull (a decode
-        step's worth of time for one token), say nothing about prefill throughput."""
-        if num_prefill_tokens < _MIN_RATE_TOKENS or step_s <= 0:
-            return
-        rate = num_prefill_tokens / step_s
-        old = self._prefill_tokens_per_s
-        self._prefill_tokens_per_s = rate if old == 0 else 0.8 * old + 0.2 * rate
 
     def _apply(self, plan: StepPlan) -> None:
         sampling_ids = [chunk.seq_id for chunk in plan.prefills if chunk.samples]
@@ -303,7 +292,8 @@ class MockEngine:
 
     def _emit(self, output: SeqOutput, logprobs: tuple[TokenLogprobs, ...] = ()) -> None:
         live = self._live[output.seq_id]
-        if not live.emitted:
+        first = not live.emitted
+        if first:
             live.emitted = True
             live.num_cached_tokens = output.num_cached_tokens
             self._num_prefix_hits += 1 if output.num_cached_tokens > 0 else 0
@@ -321,6 +311,7 @@ class MockEngine:
                     kv_transfer = self._nixl.hold(output.seq_id, live.request.token_ids, output.block_ids,
                                                   kv_transfer)
         transfer_failed, live.transfer_failed = live.transfer_failed, False
+        times = self._notes.take(output.seq_id) if first else (0.0, 0.0)
         live.queue.put_nowait(
             EngineOutput(
                 request_id=output.seq_id,
@@ -331,6 +322,8 @@ class MockEngine:
                 kv_transfer=kv_transfer,
                 transfer_failed=transfer_failed,
                 logprobs=logprobs,
+                scheduled_s=times[0],
+                loaded_s=times[1],
             )
         )
 
@@ -359,7 +352,7 @@ class MockEngine:
                      src_worker_id: str = "") -> None:
         try:
             self._load_handles.pop(seq_id, None)
-            if not self._scheduler.finish_load(seq_id):
+            if not self._land(seq_id):
                 return
             if onboard:  # from a KV tier, counted apart from prefill-worker transfers
                 self.num_onboards += 1
@@ -375,10 +368,16 @@ class MockEngine:
             log.exception("mock engine transfer completion failed", request_id=seq_id)
             self._fail(exc)
 
+    def _land(self, seq_id: str) -> bool:
+        """A load's KV arrived: the sequence runs (False: it was not loading)."""
+        if landed := self._scheduler.finish_load(seq_id):
+            self._notes.landed(seq_id)
+        return landed
+
     def _pull_done(self, seq_id: str, ok: bool) -> None:
         """A NIXL pull ended: the KV is here and checked, or the prompt is recomputed here."""
         if ok:
-            self._scheduler.finish_load(seq_id)
+            self._land(seq_id)
         elif self._scheduler.fail_load(seq_id) and (live := self._live.get(seq_id)) is not None:
             live.transfer_failed = True
         self._wakeup.set()

@@ -6,6 +6,9 @@ slots and blocks last, their prompt chunked to the budget. When a running sequen
 free, the newest running sequence is preempted: its blocks are freed and it goes back to the head of the
 queue to be recomputed (its full blocks usually survive in the prefix cache).
 
+Waiting sequences start in priority order (lower first, arrival order among equals); a preempted one goes back to
+the head.
+
 A sequence whose prompt KV comes from another worker (``kv_transfer``) gets its blocks, then waits in
 ``loading`` (the step plan lists it) until the engine calls ``finish_load``; only its last token is computed.
 """
@@ -43,6 +46,8 @@ class SeqSpec:
     # The KV of the first this-many tokens (whole blocks, < len(token_ids)) is onboarded from a KV tier
     # (kvtier) instead of computed; the rest of the prompt is prefilled after it lands. They count as cached.
     num_onboard_tokens: int = 0
+    # Lower starts earlier among waiting sequences (vLLM's priority scheduling); equal ones in arrival order.
+    priority: int = 0
 
     @property
     def num_load_tokens(self) -> int:
@@ -177,7 +182,11 @@ class Scheduler:
             raise ValueError(f"sequence {spec.seq_id!r}: num_onboard_tokens must leave a token to compute")
         seq = _Seq(spec=spec, token_ids=list(spec.token_ids), pending_transfer=spec.num_load_tokens > 0)
         self._seqs[spec.seq_id] = seq
-        self._waiting.append(seq)
+        # Behind every waiting sequence of the same or a lower priority value (all 0: an append).
+        index = len(self._waiting)
+        while index and self._waiting[index - 1].spec.priority > spec.priority:
+            index -= 1
+        self._waiting.insert(index, seq)
 
     def abort(self, seq_id: str) -> bool:
         """Drop a sequence wherever it is and free its blocks. False if unknown."""

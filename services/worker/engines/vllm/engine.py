@@ -44,6 +44,7 @@ from services.worker.engines.vllm.params import (
     decode_kv_params,
     kv_params_from_vllm,
     prompt_logprobs,
+    request_extras,
     to_vllm_sampling,
     token_logprobs,
 )
@@ -279,7 +280,8 @@ class VllmEngine:
         num_top = request.sampling.logprobs or 0
         self._in_flight.add(request.request_id)
         try:
-            async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+            async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id,
+                                          **request_extras(request, self.config.engine_args)):
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
                 logprobs = token_logprobs(token_ids, completion.logprobs, num_top)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vllm import SamplingParams as VllmSamplingParams
@@ -182,3 +183,15 @@ def kv_params_from_vllm(params: dict[str, Any] | None, kv_bytes_per_block: int,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"unexpected kv_transfer_params from vLLM: {params!r}") from exc
+
+
+def request_extras(request: EngineRequest, engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """``AsyncLLM.generate``'s keywords beyond the sampling: vLLM's own priority (it refuses one unless started with
+    ``--scheduling-policy priority``; without it the frontend's admission queue orders alone) and the trace context
+    (vLLM's own spans, when it traces itself)."""
+    extras: dict[str, Any] = {}
+    if request.sampling.priority and engine_args.get("scheduling_policy") == "priority":
+        extras["priority"] = request.sampling.priority
+    if request.traceparent:
+        extras["trace_headers"] = {"traceparent": request.traceparent}
+    return extras

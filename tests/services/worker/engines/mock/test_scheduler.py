@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.scheduler import (
     KvLoad,
@@ -211,3 +213,20 @@ def test_queued_prefill_tokens_count_waiting_prompts_and_unfinished_chunks() -> 
     _step(sched)
     _step(sched)  # a's prompt done: it decodes now and counts no more
     assert sched.num_queued_prefill_tokens() == 10 + 1
+
+
+@pytest.mark.parametrize("arrivals, started", [
+    # (seq id, priority) in arrival order -> the order they start in, one slot at a time
+    ([("a", 0), ("b", 0), ("c", 0)], ["a", "b", "c"]),
+    ([("a", 5), ("b", 0), ("c", 1), ("d", 0)], ["b", "d", "c", "a"]),  # lower first, arrival order among equals
+    ([("a", 0), ("b", -3)], ["b", "a"]),
+])
+def test_waiting_sequences_start_by_priority(arrivals, started) -> None:
+    sched = _make(max_num_seqs=1)
+    for seq_id, priority in arrivals:
+        sched.add(_spec(seq_id, 4, max_tokens=1, priority=priority))
+    order = []
+    for _ in arrivals:
+        plan, _ = _step(sched)
+        order += [chunk.seq_id for chunk in plan.prefills]
+    assert order == started

@@ -207,3 +207,16 @@ def test_prompt_logprobs_from_vllm_positions() -> None:
     out = prompt_logprobs([5, 8, 9], positions)
     assert [(lp.token_id, lp.logprob, lp.rank) for lp in out] == [(8, -0.3, 1), (9, -6.0, 57)]
     assert out[0].top == ((8, -0.3), (4, -1.2)) and out[1].top == ((4, -0.5), (2, -0.9))
+
+
+@pytest.mark.parametrize("priority, policy, traceparent, expected", [
+    (0, "priority", "", {}),
+    (3, "fcfs", "", {}),  # vLLM refuses a priority without priority scheduling: the frontend's queue orders alone
+    (3, "priority", "", {"priority": 3}),
+    (-1, "priority", "00-ab-cd-01", {"priority": -1, "trace_headers": {"traceparent": "00-ab-cd-01"}}),
+])
+def test_request_extras(priority, policy, traceparent, expected) -> None:
+    from services.worker.engines.vllm.params import request_extras
+
+    request = EngineRequest("r", (1, 2), SamplingParams(priority=priority), traceparent=traceparent)
+    assert request_extras(request, {"scheduling_policy": policy}) == expected
