@@ -26,12 +26,16 @@ class Leases(Generic[T]):
         self._held.pop(request_id, None)  # a re-hold goes to the end: the order stays the order of ends
         self._held[request_id] = (value, now_s + lease_s)
 
-    def take(self, request_id: str, now_s: float) -> T | None:
-        """What releasing ``request_id``'s lease needs, or None (never held, taken already, or run out)."""
-        held = self._held.pop(request_id, None)
+    def take(self, request_id: str, now_s: float, only: T | None = None) -> T | None:
+        """What releasing ``request_id``'s lease needs, or None (never held, taken already, or run out). With
+        ``only``, it is taken only if held with that value (a peer that may not release it leaves it held); the
+        held value is returned either way."""
         self._prune(now_s)
+        held = self._held.get(request_id)
         if held is None or now_s >= held[1]:
             return None
+        if only is None or held[0] == only:
+            del self._held[request_id]
         return held[0]
 
     def __len__(self) -> int:

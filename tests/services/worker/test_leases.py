@@ -36,3 +36,11 @@ def test_run_out_leases_are_forgotten() -> None:
     assert len(leases) == 30  # r0..r69 ran out by t=99
     leases.hold("r70", "again", 99.0, 30.0)  # a re-hold moves to the end: r71.. still run out in order
     assert leases.take("r71", 101.5) is None and leases.take("r70", 101.5) == "again"
+
+
+def test_only_its_owner_takes_it() -> None:
+    leases: Leases[bytes] = Leases()
+    leases.hold("r1", b"frontend-a", 0.0, 30.0)
+    assert leases.take("r1", 1.0, only=b"frontend-b") == b"frontend-a"  # refused: it stays held
+    assert leases.take("r1", 1.0, only=b"frontend-a") == b"frontend-a"
+    assert leases.take("r1", 1.0, only=b"frontend-a") is None
