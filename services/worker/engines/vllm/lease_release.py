@@ -64,7 +64,7 @@ def merge(results: Iterable[dict[str, Release]]) -> dict[str, Release]:
 
 def _nixl_workers(connector: Any) -> Iterator[Any]:
     """The NIXL connector workers (pull or push) inside vLLM's worker-side connector, a MultiConnector's too."""
-    for child in getattr(connector, "sub_connectors", lambda: [])() or ():
+    for child in getattr(connector, "sub_connectors", ()):  # MultiConnector's property
         yield from _nixl_workers(child)
     worker = getattr(connector, "connector_worker", None)
     if worker is not None and hasattr(worker, "_reqs_to_send"):

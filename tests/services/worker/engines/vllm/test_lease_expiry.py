@@ -58,3 +58,31 @@ def test_abort_or_release() -> None:
     asyncio.run(abort_or_release(llm, "r1", None))  # running, or nothing held: vLLM's abort
     asyncio.run(abort_or_release(llm, "r2", "r2-abcd1234"))  # a finished prefill: its lease ends now
     assert llm.aborted == ["r1"] and llm.rpcs == [(RELEASE_RPC, (["r2-abcd1234"],))]
+
+
+def test_the_nixl_workers_inside_a_multi_connector() -> None:
+    from services.worker.engines.vllm.lease_release import _nixl_workers
+
+    class Worker:
+        def __init__(self) -> None:
+            self._reqs_to_send: dict[str, float] = {}
+
+    class Nixl:
+        def __init__(self) -> None:
+            self.connector_worker = Worker()
+
+    class Tier:  # our kvtier connector: no NIXL lease table
+        connector_worker = None
+
+    class Multi:
+        def __init__(self, *children: object) -> None:
+            self._children = list(children)
+
+        @property
+        def sub_connectors(self) -> list[object]:
+            return self._children
+
+    nixl = Nixl()
+    assert list(_nixl_workers(Multi(nixl, Tier()))) == [nixl.connector_worker]
+    assert list(_nixl_workers(nixl)) == [nixl.connector_worker]
+    assert list(_nixl_workers(Tier())) == []
