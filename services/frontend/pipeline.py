@@ -216,39 +216,64 @@ class Pipeline:
                    on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
         handoff = None
         held: Tokens | None = None  # the prefill's first token, sent with the decode worker's first output
-        # Prompt logprobs come from the engine that computes the prompt, and a decode engine that pulled the
-        # KV never did: such a request is prefilled where it decodes.
-        if route.prefill is not None and sampling.prompt_logprobs is None:
-            self.metrics.prefill_decisions.labels(where="remote").inc()
-            prefilled = await self._prefill(request_id, prompt, sampling, route)
-            if prefilled is not None:
-                first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
-                               finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
-                               num_cached_tokens=prefilled.num_cached_tokens, logprobs=prefilled.logprobs)
-                if prefilled.finish_reason is not None or self.config.first_token == "prefill":
-                    yield first
-                else:
-                    held = first
-                if prefilled.finish_reason is not None:
-                    return
-                # Without transfer params the decode worker recomputes the prompt: slower, still correct.
-                handoff = Handoff(first_token_id=prefilled.first_token_id, kv_transfer=prefilled.kv_transfer)
-        else:
-            self.metrics.prefill_decisions.labels(where="local").inc()
-        # The same prompt and budget as the prefill's: the hand-off says what was made there (continuation.py).
-        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, handoff=handoff,
-                       kvtier_remote=route.kvtier_remote, traceparent=tracing.traceparent())
-        async for out in self._stream(self._client(route.decode.endpoint), msg):
-            if out.transfer_failed:
-                self.metrics.transfer_failures.inc()
-            if on_decode is not None:
-                on_decode(route)
-                on_decode = None
-            if held is not None:
-                # A lost decode worker before this point leaves it unsent: the migration prefills again.
-                yield held
-                held = None
-            yield out
+        # The prefill worker whose finished prefill holds the prompt's KV for this decode, while the decode is
+        # known not to come: it is told (an Abort) so its blocks are freed now, not at the end of their lease.
+        unread_prefill: str | None = None
+        decode_sent = False
+        try:
+            # Prompt logprobs come from the engine that computes the prompt, and a decode engine that pulled the
+            # KV never did: such a request is prefilled where it decodes.
+            if route.prefill is not None and sampling.prompt_logprobs is None:
+                self.metrics.prefill_decisions.labels(where="remote").inc()
+                prefilled = await self._prefill(request_id, prompt, sampling, route)
+                if prefilled is not None:
+                    unread_prefill = route.prefill.endpoint if prefilled.kv_transfer is not None else None
+                    first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
+                                   finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
+                                   num_cached_tokens=prefilled.num_cached_tokens, logprobs=prefilled.logprobs)
+                    if prefilled.finish_reason is not None or self.config.first_token == "prefill":
+                        yield first
+                    else:
+                        held = first
+                    if prefilled.finish_reason is not None:
+                        return  # the whole answer: no decode comes
+                    # Without transfer params the decode worker recomputes the prompt: slower, still correct.
+                    handoff = Handoff(first_token_id=prefilled.first_token_id, kv_transfer=prefilled.kv_transfer)
+            else:
+                self.metrics.prefill_decisions.labels(where="local").inc()
+            # The same prompt and budget as the prefill's: the hand-off says what was made there (continuation.py).
+            msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, handoff=handoff,
+                           kvtier_remote=route.kvtier_remote, traceparent=tracing.traceparent())
+            decode_sent = True
+            async for out in self._stream(self._client(route.decode.endpoint), msg):
+                unread_prefill = None  # the decode has the KV (stopped before its pull: vLLM tells the prefill)
+                if out.transfer_failed:
+                    self.metrics.transfer_failures.inc()
+                if on_decode is not None:
+                    on_decode(route)
+                    on_decode = None
+                if held is not None:
+                    # A lost decode worker before this point leaves it unsent: the migration prefills again.
+                    yield held
+                    held = None
+                yield out
+        except RemoteError:
+            raise  # the decode worker refused or dropped it: it reads nothing
+        except BaseException:
+            if decode_sent:  # lost or left mid-way: a decode worker may still be reading, its lease frees the KV
+                unread_prefill = None
+            raise
+        finally:
+            if unread_prefill is not None:
+                self._release_prefill(unread_prefill, request_id)
+
+    def _release_prefill(self, endpoint: str, request_id: str) -> None:
+        """Tell a prefill worker its finished prefill's KV will not be read (services/worker/leases.py)."""
+        log.info("prefill_kv_released", request_id=request_id, worker_endpoint=endpoint)
+        try:
+            self._client(endpoint).send_nowait(Abort(request_id=request_id))
+        except Exception:  # the worker is gone; its blocks went with it
+            pass
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
                        route: Route) -> _Prefilled | None:

@@ -44,17 +44,12 @@ from common.protocol import (
     WorkerLoad,
     WorkerStats,
 )
-from common.router_link import (
-    EventsSocket,
-    RouterLink,
-    first_registration,
-    send_all,
-    split_endpoints,
-)
+from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
 from common.transport import Server, new_id, open_context
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
 from services.worker.kv_events import KvEventPublisher
+from services.worker.leases import Leases
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
@@ -62,6 +57,10 @@ from services.worker.trace_phases import RequestTrace
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
+
+# How long a finished prefill's frontend may still let its KV go (Abort): past the engines' lease (30 s by
+# default), after which the engine has freed the blocks itself and the abort would find nothing.
+HELD_PREFILL_S = 60.0
 
 
 class EngineDied(EngineError):
@@ -82,6 +81,7 @@ class WorkerService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Which frontend connection (ROUTER identity) sent each running request: only it may abort it.
         self._owners: dict[str, bytes] = {}
+        self._held: Leases[bytes] = Leases()  # and each finished prefill's, while its KV may wait for a decode
         self._draining = False
         self._serving = False
         self._heartbeat_seq = 0
@@ -142,11 +142,9 @@ class WorkerService:
                 ready.set()
             self._serving = True
             serve = loop.create_task(self._serve())
-            background.append(serve)
             drained = loop.create_task(self._drained.wait())
-            background.append(drained)
             dead = loop.create_task(self._engine_dead.wait())
-            background.append(dead)
+            background += [serve, drained, dead]
             await asyncio.wait({serve, drained, dead}, return_when=asyncio.FIRST_COMPLETED)
             if serve.done():
                 serve.result()  # the serving loop's failure is ours
@@ -252,9 +250,11 @@ class WorkerService:
                 self._owners[rid] = identity
                 self._tasks[rid] = asyncio.get_running_loop().create_task(self._generate(identity, msg))
             case Abort(request_id=rid):
-                if rid in self._tasks and self._owners.get(rid) == identity:
+                # Its frontend may stop a running request, or let a finished prefill's KV go (no decode comes).
+                owner = self._owners.get(rid) if rid in self._tasks else self._held.take(rid, time.monotonic(), identity)
+                if owner == identity:
                     asyncio.get_running_loop().create_task(self.engine.abort(rid))
-                elif rid in self._tasks:  # another frontend's request: not this peer's to cancel
+                elif owner is not None:  # another frontend's request: not this peer's to cancel
                     log.warning("abort_refused", request_id=rid, reason="not the requester")
             case GetStats(request_id=rid):
                 c = self._refresh_counters()
@@ -320,6 +320,8 @@ class WorkerService:
         finally:
             if msg.prefill_only:
                 self._last_prefill_s = time.monotonic()
+                if outcome == "finished":  # its KV may be held for a decode: its frontend may let it go
+                    self._held.hold(msg.request_id, identity, self._last_prefill_s, HELD_PREFILL_S)
             trace.done(self.config.worker_id, outcome)
             # One line a request at info: where each prompt was prefilled is visible on the worker itself.
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,

@@ -4,7 +4,7 @@
 
 Reads one JSON command per stdin line, answers one stdout line prefixed ``SMOKE `` (vLLM may log to stdout
 too). Commands: {"op": "generate", ...EngineRequest fields, sampling fields flat}, {"op": "stats"},
-{"op": "shutdown"}. The first answer is {"ready": true, "start_s": ...} or {"error": ...}.
+{"op": "abort", "request_id": ...}, {"op": "shutdown"}. The first answer is {"ready": true, "start_s": ...} or {"error": ...}.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ async def main(config_json: str) -> int:
                 elif cmd["op"] == "stats":
                     await asyncio.sleep(0.2)  # let the last step's stats arrive
                     _answer(_stats(engine))
+                elif cmd["op"] == "abort":
+                    await engine.abort(cmd["request_id"])
+                    _answer({"aborted": cmd["request_id"]})
                 elif cmd["op"] == "shutdown":
                     break
                 else:

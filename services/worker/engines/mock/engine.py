@@ -136,10 +136,10 @@ class MockEngine:
     async def abort(self, request_id: str) -> None:
         live = self._drop(request_id)
         if live is not None:
-            num_prompt_tokens = len(live.request.token_ids)
-            live.queue.put_nowait(
-                EngineOutput(request_id, (), "abort", num_prompt_tokens, live.num_cached_tokens)
-            )
+            live.queue.put_nowait(EngineOutput(request_id, (), "abort", len(live.request.token_ids),
+                                               live.num_cached_tokens))
+        elif self._nixl is not None:  # a finished prefill (--mock-nixl): no decode comes for its held blocks
+            self._nixl.release_request(request_id)
 
     def load(self) -> WorkerLoad:
         return WorkerLoad(

@@ -82,6 +82,10 @@ class NixlTransfers:
         self._blocks.unpin(held[0])
         return True
 
+    def release_request(self, request_id: str) -> int:
+        """Release what ``request_id``'s finished prefill holds (its decode will not come); how many holds."""
+        return sum(self.release(h) for h in [h for h in self._held if h.rpartition("#")[0] == request_id])
+
     async def _serve_holds(self) -> None:
         while True:
             if not self._held:

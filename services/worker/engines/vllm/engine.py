@@ -50,6 +50,8 @@ from services.worker.engines.vllm.params import (
 )
 from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
 from services.worker.engines.vllm.kv_events import VllmKvEvents
+from services.worker.engines.vllm.lease_release import abort_or_release, worker_extension
+from services.worker.leases import Leases
 from services.worker.engines.vllm.dtype import DtypeChoice, resolved_dtype
 from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSources
 
@@ -108,6 +110,7 @@ class VllmEngine:
         self._kv_bytes_per_block = 0
         self._dtype = DtypeChoice(self.config.dtype, "as asked")
         self._kv_events: VllmKvEvents | None = None
+        self._leases: Leases[str] = Leases()  # finished prefills' KV held for a decode: vLLM's own request id
         self._events_ctx: zmq.asyncio.Context | None = None
         # Host decode engines dial for our side channel; AddressError now, not at the first pull.
         self._nixl_advertise = nixl_advertise_host(config.nixl_side_channel_host, config.nixl_advertise_host, "")
@@ -199,10 +202,7 @@ class VllmEngine:
         if self.config.kv_role is not None or self.config.kvtier_endpoint:
             kwargs["kv_transfer_config"] = self._kv_transfer_config()
         if self.config.kv_role is not None:
-            if not self.config.nixl_progress_spin:
-                from services.worker.engines.vllm.nixl import QUALNAME as SLEEPING_PROGRESS_THREAD
-
-                kwargs["worker_extension_cls"] = SLEEPING_PROGRESS_THREAD
+            kwargs["worker_extension_cls"] = worker_extension(self.config.nixl_progress_spin)
         if self.config.kv_events:
             from vllm.config import KVEventsConfig
 
@@ -314,6 +314,8 @@ class VllmEngine:
         if request.prefill_only and reason != "abort":
             kv_transfer = kv_params_from_vllm(out.kv_transfer_params, self._kv_bytes_per_block,
                                               self._nixl_advertise, self.config.kv_transfer)
+            self._leases.hold(request.request_id, str(out.kv_transfer_params["remote_request_id"]),
+                              time.monotonic(), self.config.kv_lease_s)
         pulled = request.kv_transfer is not None
         return EngineOutput(
             request_id=request.request_id,
@@ -327,8 +329,8 @@ class VllmEngine:
         )
 
     async def abort(self, request_id: str) -> None:
-        if self._llm is not None:
-            await self._llm.abort(request_id)
+        if self._llm is not None:  # a finished prefill's held KV is released now (lease_release.py)
+            await abort_or_release(self._llm, request_id, self._leases.take(request_id, time.monotonic()))
 
     def dead_reason(self) -> str:
         # AsyncLLM.errored: its EngineCore process died (killed, OOM, a crash in a connector) or its output

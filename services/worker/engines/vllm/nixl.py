@@ -58,6 +58,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from services.worker.engines.vllm.lease_release import KvLeaseRelease
 from services.worker.engines.vllm.push_peers import tag_vllm_push_writes
 
 QUALNAME = "services.worker.engines.vllm.nixl.SleepingNixlProgressThread"
@@ -160,5 +161,6 @@ _patch()
 tag_vllm_push_writes()
 
 
-class SleepingNixlProgressThread:
-    """Empty worker extension: vLLM imports this module in its worker process, which applies the patches."""
+class SleepingNixlProgressThread(KvLeaseRelease):
+    """The worker extension: vLLM imports this module in its worker process, which applies the patches; its
+    method releases a finished prefill's KV lease (lease_release.py)."""

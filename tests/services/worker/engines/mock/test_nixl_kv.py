@@ -151,6 +151,16 @@ async def test_blocks_no_decode_engine_reads_are_freed_after_the_hold(pair) -> N
     assert await _all_free(prefill) and prefill._nixl.num_expired == 1
 
 
+async def test_an_abort_of_a_finished_prefill_frees_its_held_blocks_at_once(pair) -> None:
+    prefill, _ = pair  # the default 30 s hold: only the abort frees them in this test
+    first = (await _run(prefill, _req("unread", PROMPT, 1, prefill_only=True)))[-1]
+    assert first.kv_transfer is not None
+    assert prefill.load().num_free_blocks == prefill.num_blocks - 3  # held for a decode engine
+    await prefill.abort("unread")  # the decode will not come
+    assert prefill.load().num_free_blocks == prefill.num_blocks and prefill._nixl.num_expired == 0
+    await prefill.abort("unread")  # twice: nothing more to free
+
+
 async def test_a_peer_gone_before_the_read_recomputes_and_frees(pair) -> None:
     prefill, decode = pair
     first = (await _run(prefill, _req("gone", PROMPT, 1, prefill_only=True)))[-1]
