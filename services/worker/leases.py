@@ -14,6 +14,10 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+# How long a finished prefill's frontend may still let its KV go (Abort): past the engines' lease (30 s by
+# default), after which the engine has freed the blocks itself and the abort would find nothing.
+HELD_PREFILL_S = 60.0
+
 
 class Leases(Generic[T]):
     """request id -> (what its release needs, when its lease ends in monotonic seconds)."""

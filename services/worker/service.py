@@ -49,7 +49,7 @@ from common.transport import Server, new_id, open_context
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
 from services.worker.kv_events import KvEventPublisher
-from services.worker.leases import Leases
+from services.worker.leases import HELD_PREFILL_S, Leases
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
 from services.worker.tier_load_log import NewTierLoads
@@ -57,11 +57,6 @@ from services.worker.trace_phases import RequestTrace
 from services.worker.transfer_sources import TransferSources
 
 log = structlog.get_logger(__name__)
-
-# How long a finished prefill's frontend may still let its KV go (Abort): past the engines' lease (30 s by
-# default), after which the engine has freed the blocks itself and the abort would find nothing.
-HELD_PREFILL_S = 60.0
-
 
 class EngineDied(EngineError):
     """The worker's engine can serve nothing more; ``WorkerService.run()`` ends with it (the CLI exits 3)."""
