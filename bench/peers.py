@@ -19,6 +19,9 @@ EngineCore and model processes), per request and per output token. ``--profile-s
 with py-spy (`record --native`, raw collapsed stacks under --log-dir) during the first point of each arm; a
 profiled point is marked and perturbed by the sampling (compare unprofiled runs).
 
+The serving layer alone against NVIDIA Dynamo (zero-delay mocks): ``--suite serving-layer``
+(bench/peers_serving.py).
+
     python -m bench.peers [--order ss-pd,vllm-pd,ss-pd,vllm-pd] [--rates 0.2,0.4 | --find-limit]
         [--num-requests 20] [--isl uniform:128:2048] [--osl 96] [--out bench/results/peers.json]
 """
@@ -151,6 +154,15 @@ def _uptime() -> str:
 
 
 def main() -> None:
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", choices=("engines", "serving-layer"), default="engines")
+    known, rest = suite.parse_known_args()
+    if known.suite == "serving-layer":  # the serving layer alone against NVIDIA Dynamo (bench/peers_serving.py)
+        from bench.peers_serving import main as serving_main
+
+        serving_main(rest)
+        return
+    sys.argv = [sys.argv[0], *rest]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default=None, help="default: bfloat16 where the CPU has native bf16, else float32")
