@@ -60,6 +60,7 @@ class DynamoGraph:
     store_dir: Path
     commands: list[str] = field(default_factory=list)
     startup_s: float = 0.0
+    num_registered: int = 0  # mocker instances seen in the store when it was taken as ready
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -109,29 +110,36 @@ def start_dynamo(python: Path, model: Path, num_workers: int, log_dir: Path, tag
     return graph
 
 
-def _wait_ready(graph: DynamoGraph, name: str, num_workers: int, timeout_s: float) -> None:
-    """Ready: the model is listed, every mocker registered its endpoint in the store, and a request answers."""
+def _wait_ready(graph: DynamoGraph, name: str, num_workers: int, timeout_s: float,
+                grace_s: float = 20.0) -> None:
+    """Ready: the model is listed, a request answers, and every mocker registered an instance in the store (or,
+    should the store's layout not show them, ``grace_s`` passed since the first answer)."""
     body = (b'{"model": "%s", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 2}'
             % name.encode())
     deadline = time.monotonic() + timeout_s
+    answered_at = None
     while time.monotonic() < deadline:
         if not graph.alive():
             raise RuntimeError(f"a Dynamo process exited: {graph.commands}")
         try:
             with urllib.request.urlopen(graph.url + "/v1/models", timeout=2) as reply:
                 listed = name.encode() in reply.read()
-            if listed and _registered(graph.store_dir) >= num_workers:
+            if listed:
                 req = urllib.request.Request(graph.url + "/v1/chat/completions", data=body,
                                              headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=5) as reply:
-                    if reply.status == 200:
-                        return
+                    if reply.status == 200 and answered_at is None:
+                        answered_at = time.monotonic()
         except OSError:
             pass
+        graph.num_registered = _registered(graph.store_dir)
+        if answered_at is not None and (graph.num_registered >= num_workers
+                                        or time.monotonic() - answered_at > grace_s):
+            return
         time.sleep(0.5)
     raise RuntimeError(f"Dynamo not ready in {timeout_s}s")
 
 
 def _registered(store: Path) -> int:
-    """Worker endpoints in the file store (one file per instance under a ``generate`` endpoint folder)."""
-    return sum(1 for p in store.rglob("*") if p.is_file() and "generate" in str(p.relative_to(store)))
+    """Worker instances in the file store (a file each under ``v1/instances/.../generate``)."""
+    return sum(1 for p in (store / "v1" / "instances").rglob("*") if p.is_file() and "generate" in str(p))

@@ -62,7 +62,7 @@ def run_arm(args: argparse.Namespace, arm: str, index: int, bodies: list[dict], 
     elif arm == "dynamo":
         dyn = start_dynamo(args.dynamo_python, args.model, args.workers, args.log_dir, str(index))
         url, stop, alive, pids = dyn.url, dyn.stop, dyn.alive, dyn.pids
-        out.update(commands=dyn.commands, startup_s=dyn.startup_s)
+        out.update(commands=dyn.commands, startup_s=dyn.startup_s, num_registered=dyn.num_registered)
     else:
         raise SystemExit(f"unknown arm {arm!r}: splitserve, dynamo")
     try:
