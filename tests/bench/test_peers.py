@@ -41,3 +41,32 @@ def test_pairs_are_kth_run_against_kth_run() -> None:
     runs = [_run("ss-pd", 0, 0.2), _run("vllm-pd", 1, 0.1), _run("ss-pd", 2, 0.1), _run("vllm-pd", 3, 0.4)]
     pairs = summarize(runs)["pairs"]["ss-pd/vllm-pd"]["0.25"]
     assert [(p["indices"], p["goodput_rps_ratio"]) for p in pairs] == [([0, 1], 2.0), ([2, 3], 0.25)]
+
+
+def _serving_run(arm: str, rps: float) -> dict:
+    return {"arm": arm, "requests_per_s": rps, "cpu_ms_per_request": {"server_total": 1.0}, "ttft_ms": {"p50": 40.0}}
+
+
+def test_serving_layer_goal_needs_every_pair_at_the_ratio() -> None:
+    from bench.peers_serving import summarize
+
+    met = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900), _serving_run("splitserve", 1400),
+                     _serving_run("dynamo", 900)])
+    assert met["ratio_per_pair"] == [1.667, 1.556] and met["goal_met"]
+    one_short = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900),
+                           _serving_run("splitserve", 1300), _serving_run("dynamo", 900)])
+    assert one_short["ratio_per_pair"][1] == 1.444 and not one_short["goal_met"]
+    failed = summarize([_serving_run("splitserve", 1500), {"arm": "dynamo", "error": "exited"}])
+    assert failed["ratio_per_pair"] == [] and not failed["goal_met"]
+
+
+def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:
+    from bench.peers_dynamo import _registered
+
+    assert _registered(tmp_path) == 0
+    for i in range(2):
+        (tmp_path / "v1" / "instances" / "dynamo" / "backend" / "generate").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "v1" / "instances" / "dynamo" / "backend" / "generate" / f"{i:x}").write_text("{}")
+    (tmp_path / "v1" / "mdc").mkdir(parents=True)
+    (tmp_path / "v1" / "mdc" / "generate-card").write_text("{}")  # a model card, not an instance
+    assert _registered(tmp_path) == 2
