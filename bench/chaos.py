@@ -199,6 +199,7 @@ def settle(graph: ChaosGraph, settle_s: float) -> dict:
         leaked = blocks_leaked(free, graph.num_blocks)
         agree = replicas_agree(views) and all(len(v) == want for v in views.values())
         done = agree and not leaked and len(free) == want
+        print(f"settle: agree={agree} leaked={leaked} workers={len(free)}", flush=True)
         if done or time.monotonic() - t0 > settle_s:
             return {"settled_after_s": round(time.monotonic() - t0, 1), "replicas_agree": agree,
                     "router_views": {k: sorted(v) for k, v in views.items()}, "blocks_leaked": leaked,
@@ -230,6 +231,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             print(f"chaos: {len(plan)} faults over {args.duration_s}s ...", flush=True)
             outcomes = asyncio.run(load(graph, pool, args.concurrency, t0 + args.duration_s, args.seed + 1,
                                        args.request_timeout_s))
+            print(f"load done: {len(outcomes)} requests; waiting for the last fault ...", flush=True)
             faults.thread.join(60)
             down = [w for ws in faults.frontend_down.values() for w in ws]
             verdicts = Counter()
@@ -248,6 +250,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             except Exception as exc:  # noqa: BLE001 (written down: the invariants below then fail)
                 after = {"error": repr(exc), "replicas_agree": False, "num_blocks_leaked": -1}
             rss_end = rss_of(graph)
+            print("settled; stopping the graph", flush=True)
             steady = [s.name for s in graph.services.values() if s.num_restarts == 0]
             drift = rss_drift({n: rss_start[n] for n in steady if n in rss_start}, rss_end)
             result.update({

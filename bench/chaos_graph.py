@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import urllib.request
@@ -145,10 +146,16 @@ class ChaosGraph:
                 raise RuntimeError(f"not ready in {timeout_s}s; logs in {self.log_dir}/chaos-*.log")
             time.sleep(0.3)
 
-    def stop(self) -> None:
-        for svc in self.services.values():
-            if svc.proc is not None:
-                svc.proc.stop(10.0)
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (and SIGCONT, for one caught stopped) to every service at once; SIGKILL what is left after
+        ``timeout_s``."""
+        procs = [s.proc for s in self.services.values() if s.proc is not None]
+        for proc in procs:
+            proc.signal(signal.SIGTERM)
+            proc.signal(signal.SIGCONT)
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            proc.stop(max(0.1, deadline - time.monotonic()))
 
 
 def _tag(host: Host) -> str:
