@@ -86,6 +86,9 @@ class Faults:
             svc.proc.signal(signal.SIGSTOP)
             time.sleep(STOP_S)
             svc.proc.signal(signal.SIGCONT)
+            # nsenter stops itself when its child stops, and nothing wakes it: continue it too, or it never
+            # reaps the child and a later kill9 of this service waits for it forever (the 20-minute run's finding).
+            svc.proc.popen.send_signal(signal.SIGCONT)
             return {}
         if fault.kind == "link3":
             svc.host.link_down()

@@ -153,6 +153,8 @@ class ChaosGraph:
         for proc in procs:
             proc.signal(signal.SIGTERM)
             proc.signal(signal.SIGCONT)
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGCONT)  # nsenter stopped itself with its child
         deadline = time.monotonic() + timeout_s
         for proc in procs:
             proc.stop(max(0.1, deadline - time.monotonic()))
