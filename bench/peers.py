@@ -158,7 +158,7 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=MODEL_100M)
     ap.add_argument("--dtype", default=None, help="default: bfloat16 where the CPU has native bf16, else float32")
@@ -190,7 +190,11 @@ def main() -> None:
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy every process for this long (0: no)")
     ap.add_argument("--log-dir", default="/tmp/peers")
     ap.add_argument("--out", type=Path, default=RESULTS / "peers.json")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
     args.rate_fractions = [float(f) for f in args.rate_fractions.split(",") if f]
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
