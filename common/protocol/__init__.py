@@ -14,6 +14,7 @@ from typing import Union
 
 import msgspec
 
+from common.protocol.adapters import AdapterDone, LoadAdapter, UnloadAdapter
 from common.protocol.base import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -73,6 +74,7 @@ from common.protocol.workers import (
 
 __all__ = [
     "Abort",
+    "AdapterDone",
     "AllCleared",
     "BlockRemoved",
     "BlockStored",
@@ -88,6 +90,7 @@ __all__ = [
     "KvTransferMode",
     "KvTransferParams",
     "ListWorkers",
+    "LoadAdapter",
     "Msg",
     "PROTOCOL_VERSION",
     "RegisterAck",
@@ -115,6 +118,7 @@ __all__ = [
     "TokensBatch",
     "TransferSample",
     "Unregister",
+    "UnloadAdapter",
     "WorkerInfo",
     "WorkerList",
     "WorkerLoad",
@@ -152,6 +156,9 @@ Message = Union[
     ScaleRequest,
     SetRole,
     RoleSet,
+    LoadAdapter,
+    UnloadAdapter,
+    AdapterDone,
     ErrorReply,
 ]
 

@@ -140,9 +140,9 @@ class Pipeline:
 
     async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
                     exclude: tuple[str, ...] = (), exclude_instances: tuple[str, ...] = (),
-                    no_worker_wait_s: float | None = None) -> Route:
+                    no_worker_wait_s: float | None = None, lora_name: str = "") -> Route:
         msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude,
-                           exclude_instance_ids=exclude_instances)
+                           exclude_instance_ids=exclude_instances, lora_name=lora_name)
         wait_s = self.config.no_worker_wait_s if no_worker_wait_s is None else no_worker_wait_s
         deadline_s = time.monotonic() + wait_s
         while True:
@@ -158,12 +158,13 @@ class Pipeline:
             await asyncio.sleep(0.1)
 
     async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...], sampling: SamplingParams,
-                       route: Route | None = None,
-                       on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+                       route: Route | None = None, on_decode: Callable[[Route], None] | None = None,
+                       lora_name: str = "") -> AsyncIterator[Tokens]:
         """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost.
 
         ``route``: take this route (first attempt) instead of asking the router. ``on_decode``: called with the
-        route once the decode worker streams (its prompt KV is then in its prefix cache)."""
+        route once the decode worker streams (its prompt KV is then in its prefix cache). ``lora_name``: the
+        LoRA adapter of ``model`` to run with, on the prefill and the decode worker alike."""
         generated: list[int] = []
         # Lost worker processes; by instance (a restarted worker keeps its id and must stay eligible), or by
         # id for a worker that does not say its instance.
@@ -178,9 +179,9 @@ class Pipeline:
                 # A migrating request waits for a capable worker (its only one may be restarting) up to
                 # migration_wait_s.
                 route = await self.route(request_id, model, prompt, excluded, excluded_instances,
-                                         self.config.migration_wait_s if attempt else None)
+                                         self.config.migration_wait_s if attempt else None, lora_name)
             try:
-                async for out in self._run(request_id, prompt, remaining, route, on_decode):
+                async for out in self._run(request_id, prompt, remaining, route, on_decode, lora_name):
                     generated.extend(out.token_ids)
                     if num_cached < 0:
                         num_cached = out.num_cached_tokens
@@ -201,11 +202,11 @@ class Pipeline:
         raise WorkerLost(f"request {request_id} lost its worker {self.config.migration_limit + 1} times")
 
     async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
-                   on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+                   on_decode: Callable[[Route], None] | None = None, lora_name: str = "") -> AsyncIterator[Tokens]:
         kv_transfer = None
         if route.prefill is not None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
-            prefilled = await self._prefill(request_id, prompt, sampling, route)
+            prefilled = await self._prefill(request_id, prompt, sampling, route, lora_name)
             if prefilled is not None:
                 first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
                                finish_reason=prefilled.finish_reason,  # type: ignore[arg-type]
@@ -220,7 +221,7 @@ class Pipeline:
         else:
             self.metrics.prefill_decisions.labels(where="local").inc()
         msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, kv_transfer=kv_transfer,
-                       kvtier_remote=route.kvtier_remote)
+                       kvtier_remote=route.kvtier_remote, lora_name=lora_name)
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
                 self.metrics.transfer_failures.inc()
@@ -230,11 +231,11 @@ class Pipeline:
             yield out
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
-                       route: Route) -> _Prefilled | None:
+                       route: Route, lora_name: str = "") -> _Prefilled | None:
         """Run the prompt on the prefill worker; None means it failed and the decode worker prefills."""
         assert route.prefill is not None
         msg = Generate(request_id=request_id, token_ids=prompt, sampling=replace(sampling, max_tokens=1),
-                       prefill_only=True)
+                       prefill_only=True, lora_name=lora_name)
         try:
             async for out in self._stream(self._client(route.prefill.endpoint), msg,
                                           idle_timeout_s=self.config.prefill_timeout_s):

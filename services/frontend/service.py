@@ -17,7 +17,6 @@ import structlog
 
 from common.errors import SplitserveError
 from common.transport import new_id
-from services.frontend.answer import Answers
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
 from services.frontend.context import offload_tokenization, served_context_len
@@ -38,12 +37,10 @@ from services.frontend.openai_api import (
 from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.responses_as_chat import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
-from services.frontend.served_models import ServedModels
+from services.frontend.model_context import FrontendModel, ModelContext
+from services.frontend.served_models import ServedModel, ServedModels, Target
 from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_prompt_chars, max_tokens_for
-from services.frontend.tokenizer import ModelTokenizer
-from services.frontend.tool_parsers import parser_for_template
 from services.frontend.tools import ToolPlan
-from services.frontend.vllm_parsers import VllmParsers
 
 log = structlog.get_logger(__name__)
 
@@ -84,16 +81,23 @@ class FrontendConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    # The models served after the first (model_name, model_dir, model_aliases), each with its own workers
+    # (docs/fleet.md): `frontend --model DIR --model DIR2 --served-model-name a --served-model-name b`.
+    extra_models: tuple[FrontendModel, ...] = ()
 
 
 class FrontendService:
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
-        self.tokenizer = ModelTokenizer(config.model_dir, config.chat_template)
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
-        self._served_models = ServedModels(config.model_name, config.model_aliases)
+        models = (FrontendModel(config.model_name, config.model_dir, config.model_aliases), *config.extra_models)
+        self._served_models = ServedModels(tuple(ServedModel(m.name, m.aliases) for m in models))
+        self._models = {m.name: ModelContext.build(m.model_dir, config.chat_template, config.tool_call_parser,
+                                                   config.reasoning_parser, self.pipeline, self.metrics)
+                        for m in models}
+        self.tokenizer = self._models[config.model_name].tokenizer  # the first model's
         self.port = 0
         # (monotonic time, serving workers by pool) of the last /health look at the router, and every pool
         # seen serving since start (one gone empty makes /health "degraded").
@@ -102,14 +106,6 @@ class FrontendService:
         self._num_inflight = 0
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
         self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
-        # A token's own text, for logprobs (special tokens kept: the model did sample them).
-        decode = self.tokenizer.tokenizer.decode
-        self._tool_parser = parser_for_template(self.tokenizer.chat_template_source)
-        # vLLM's own parsers when named (imports vLLM); else the frontend's Hermes / Llama 3 JSON reader.
-        self._parsers = (VllmParsers(config.model_dir, config.tool_call_parser, config.reasoning_parser)
-                         if config.tool_call_parser or config.reasoning_parser else None)
-        token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
-        self._answers = Answers(self.pipeline, self.metrics, self.tokenizer, token_text)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -117,7 +113,7 @@ class FrontendService:
             if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
-                     model=self.config.model_name,
+                     models=list(self._models),
                      fast_encoder=self.tokenizer.fast_path.reason or "on")
             if ready is not None:
                 ready.set()
@@ -148,7 +144,7 @@ class FrontendService:
                 case ("POST", "/v1/responses"):
                     await self._responses(req, resp)
                 case ("GET", "/v1/models"):
-                    resp.send(200, self._served_models.listing())
+                    resp.send(200, self._served_models.listing(await self._worker_list()))
                 case ("GET", "/health"):
                     await self._health(resp)
                 case ("GET", "/metrics"):
@@ -194,7 +190,7 @@ class FrontendService:
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
             try:
-                counts = count_pools(await self.pipeline.list_workers(), self.config.model_name)
+                counts = count_pools(await self.pipeline.list_workers(), tuple(self._models))
             except SplitserveError:
                 counts = PoolCounts()
             self._workers_cache = (now, counts)
@@ -206,14 +202,32 @@ class FrontendService:
             "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
 
     # ----------------------------------------------------------------------------------------- generation
-    def _served(self, body: _Body) -> _Body:
-        """The request under the served name (what workers registered and responses carry)."""
-        name = self._served_models.canonical(body.model)
-        return body if name == body.model else msgspec.structs.replace(body, model=name)
+    async def _worker_list(self):
+        """The router's last worker list (fetched when there is none yet); None without a router."""
+        if self.pipeline.last_worker_list is None:
+            try:
+                return await self.pipeline.list_workers()
+            except SplitserveError:
+                return None
+        return self.pipeline.last_worker_list
 
-    def _context_len(self) -> int:
-        return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
-                                  self.config.model_name)
+    async def _served(self, body: _Body) -> tuple[_Body, Target, ModelContext]:
+        """The request under its served model's name (what workers registered), what it names (an adapter
+        too), and that model's tokenizer and parsers."""
+        try:
+            target = self._served_models.target(body.model, await self._worker_list())
+        except ApiError as miss:
+            # Not a name here by the last list: an adapter loaded since may be (one fresh look, on a miss only).
+            try:
+                self.pipeline.last_worker_list = await self.pipeline.list_workers()
+            except SplitserveError:
+                raise miss from None
+            target = self._served_models.target(body.model, self.pipeline.last_worker_list)
+        body = body if target.model == body.model else msgspec.structs.replace(body, model=target.model)
+        return body, target, self._models[target.model]
+
+    def _context_len(self, ctx: ModelContext, model: str) -> int:
+        return served_context_len(ctx.tokenizer.max_model_len, self.pipeline.last_worker_list, model)
 
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
@@ -228,53 +242,55 @@ class FrontendService:
     async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
-        tokenizer = self.tokenizer
-        chat = parse_chat_request(req.body, self._served(body or parse_chat(req.body)),
-                                  self._parsers if body is None else None, self._tool_parser,
+        served, target, ctx = await self._served(body or parse_chat(req.body))
+        tokenizer, context_len = ctx.tokenizer, self._context_len(ctx, target.model)
+        chat = parse_chat_request(req.body, served, ctx.parsers if body is None else None, ctx.tool_parser,
                                   self.config.enable_auto_tool_choice)
-        check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
+        check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, context_len, "messages")
         prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
-        max_tokens = max_tokens_for(chat.max_tokens, len(prompt.token_ids), self._context_len())
+        max_tokens = max_tokens_for(chat.max_tokens, len(prompt.token_ids), context_len)
         sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools)
-        shape = shape or ResponseShape.chat(new_id("chatcmpl"), chat.body.model)
+        shape = shape or ResponseShape.chat(new_id("chatcmpl"), target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
         await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(chat.body.stop), chat.body,
-                             chat.answer_tools, chat.parse)
+                             target, chat.answer_tools, chat.parse)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         """parse, tokenize, admit, generate, shape."""
-        tokenizer = self.tokenizer
-        body = self._served(parse_completion(req.body))
+        body, target, ctx = await self._served(parse_completion(req.body))
+        tokenizer, context_len = ctx.tokenizer, self._context_len(ctx, target.model)
         prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
         if isinstance(prompt, str):
-            check_prompt_chars(len(prompt), tokenizer.max_token_chars, self._context_len(), "prompt")
+            check_prompt_chars(len(prompt), tokenizer.max_token_chars, context_len, "prompt")
             token_ids = await self._off_loop(lambda: tokenizer.encode(prompt), len(prompt))
         else:
             token_ids = prompt
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
-        max_tokens = max_tokens_for(body.max_tokens, len(token_ids), self._context_len(),
+        max_tokens = max_tokens_for(body.max_tokens, len(token_ids), context_len,
                                     COMPLETION_DEFAULT_MAX_TOKENS, param="prompt")
         sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size)
-        shape = ResponseShape.completion(new_id("cmpl"), body.model)
+        shape = ResponseShape.completion(new_id("cmpl"), target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
-        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, target)
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None) -> None:
-        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice")
+                        stop: tuple[str, ...], body, target: Target, tools: ToolPlan | None = None,
+                        parse=None) -> None:
+        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice", target.model)
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse)
+            await self._models[target.model].answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse,
+                                                            target.lora_name)
         finally:
             self._num_inflight -= 1
 
-    async def _check_engines(self, sampling, guided_by: str) -> None:
+    async def _check_engines(self, sampling, guided_by: str, model: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
         workers = self.pipeline.last_worker_list
         if workers is None:
@@ -282,6 +298,6 @@ class FrontendService:
                 workers = await self.pipeline.list_workers()
             except SplitserveError:
                 return  # no verdict without the router: the worker refuses (503) what it cannot honour
-        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name), guided_by)
+        refusal = refusal_for_engines(sampling, engines_of(workers, model), guided_by)
         if refusal is not None:
             raise refusal

@@ -60,6 +60,8 @@ class EngineRequest:
     kv_transfer: KvTransferParams | None = None
     # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
     kvtier_remote: str = ""
+    # The LoRA adapter to run with (one the engine holds); "": the base model.
+    lora_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,15 @@ class Engine(Protocol):
         """Why the engine can serve nothing more ("" while it can): its engine process died, its step loop
         failed. Cheap: the worker asks every heartbeat, and exits when it is not "" (a dead engine does not
         come back; the worker's supervisor starts a fresh one)."""
+
+    def lora_names(self) -> tuple[str, ...]:
+        """The LoRA adapters this engine holds now, sorted (start-time ones and those loaded since)."""
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load a LoRA adapter (PEFT directory) under ``lora_name``; EngineError when it cannot."""
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        """Unload an adapter; EngineError when it is not held. Requests running with it finish first (vLLM)."""
 
     async def shutdown(self) -> None:
         """Stop the engine and release its memory and ports."""

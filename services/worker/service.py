@@ -28,16 +28,19 @@ from common.outbox import PeerOutbox
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
+    AdapterDone,
     ErrorReply,
     Generate,
     GetStats,
     Heartbeat,
+    LoadAdapter,
     Message,
     RegisterWorker,
     Role,
     RoleSet,
     SetRole,
     Tokens,
+    UnloadAdapter,
     Unregister,
     WorkerInfo,
     WorkerLoad,
@@ -51,6 +54,7 @@ from common.router_link import (
     split_endpoints,
 )
 from common.transport import Server, new_id, open_context
+from services.worker.adapters import change_adapter
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
 from services.worker.kv_events import KvEventPublisher
@@ -257,8 +261,14 @@ class WorkerService:
                 self._reply(identity, worker_stats(rid, self.config.worker_id, self.engine.load(), c,
                                                    self._transfer_sources.named(c.recent_transfers),
                                                    self.transfers_simulated))
+            case LoadAdapter() | UnloadAdapter():
+                asyncio.get_running_loop().create_task(self._change_adapter(identity, msg))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
+
+    async def _change_adapter(self, identity: bytes, msg: LoadAdapter | UnloadAdapter) -> None:
+        self._reply(identity, await change_adapter(self.engine, msg, self.config.worker_id))
+        self._send_heartbeat()  # routers learn the adapter now, not a beat later
 
     async def _generate(self, identity: bytes, msg: Generate) -> None:
         assert self._server is not None
@@ -266,7 +276,7 @@ class WorkerService:
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
         request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                                 prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote)
+                                kvtier_remote=msg.kvtier_remote, lora_name=msg.lora_name)
         if msg.kv_transfer is not None:
             self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
@@ -321,7 +331,7 @@ class WorkerService:
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
 
-    def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
+    def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats | AdapterDone) -> None:
         """A one-off reply, through the outbox so it follows the tokens sent before it."""
         self._outbox.put(identity, reply)
 
@@ -355,7 +365,7 @@ class WorkerService:
             # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
             kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
             switchable=self.config.switchable, engine_settings=dict(self.engine.settings()),
-        )
+            lora_names=self.engine.lora_names())
 
     async def _heartbeat_loop(self) -> None:
         while not self._engine_is_dead():
@@ -386,4 +396,4 @@ class WorkerService:
         # One beat for every router (the pulls it reports are handed out once): a router that is down misses it.
         send_all(self._links, Heartbeat(worker_id=self.config.worker_id, load=load, seq=self._heartbeat_seq,
                                         draining=self._draining, transfers=transfers, role=self._role,
-                                        tier_loads=tier_loads))
+                                        tier_loads=tier_loads, lora_names=self.engine.lora_names()))

@@ -3,7 +3,10 @@ scheduler's ``SeqSpec`` (``EngineError`` when it can never run)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from common.errors import EngineError
+from common.hashing import adapter_seed
 from services.worker.engine import EngineRequest
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.scheduler import SeqSpec
@@ -11,9 +14,12 @@ from services.worker.engines.mock.scheduler import SeqSpec
 _MAX_TOKEN_ID = 2**32 - 1  # block hashes pack token ids as u32
 
 
-def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, kv_transfer: str = "pull") -> SeqSpec:
+def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, kv_transfer: str = "pull",
+             lora_names: Collection[str] = ()) -> SeqSpec:
     token_ids = request.token_ids
     sampling = request.sampling
+    if request.lora_name and request.lora_name not in lora_names:
+        raise EngineError(f"request {request.request_id!r}: adapter {request.lora_name!r} is not loaded here")
     if not token_ids:
         raise EngineError(f"request {request.request_id!r} has an empty prompt")
     if min(token_ids) < 0 or max(token_ids) > _MAX_TOKEN_ID:  # in C: a Python loop cost ~0.1 ms per 2k tokens
@@ -47,4 +53,5 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, k
         stop_token_ids=frozenset(sampling.stop_token_ids),
         prefill_only=request.prefill_only,
         kv_transfer=request.kv_transfer is not None,
+        hash_seed=adapter_seed(blocks.hash_seed, request.lora_name) if request.lora_name else None,
     )

@@ -43,6 +43,8 @@ class SeqSpec:
     # The KV of the first this-many tokens (whole blocks, < len(token_ids)) is onboarded from a KV tier
     # (kvtier) instead of computed; the rest of the prompt is prefilled after it lands. They count as cached.
     num_onboard_tokens: int = 0
+    # The seed its blocks hash under (a LoRA adapter's: common/hashing.py adapter_seed); None: the engine's.
+    hash_seed: int | None = None
 
     @property
     def num_load_tokens(self) -> int:
@@ -255,10 +257,10 @@ class Scheduler:
             seq = self._waiting[0]
             seq_id = seq.spec.seq_id
             # At least the last token is computed: it is the one that yields logits.
-            match = self.blocks.match_prefix(seq.token_ids[:-1])
+            match = self.blocks.match_prefix(seq.token_ids[:-1], seq.spec.hash_seed)
             if seq.pending_transfer and match.num_cached_tokens < seq.spec.num_load_tokens:
                 num_kv_tokens = seq.spec.num_load_tokens
-                if not self.blocks.allocate(seq_id, match, num_kv_tokens):
+                if not self.blocks.allocate(seq_id, match, num_kv_tokens, seq.spec.hash_seed):
                     break
                 self._waiting.popleft()
                 self._start(seq, match.num_cached_tokens)
@@ -269,7 +271,7 @@ class Scheduler:
                 continue
             num_new = min(len(seq.token_ids) - match.num_cached_tokens, budget)
             target = match.num_cached_tokens + num_new
-            if not self.blocks.allocate(seq_id, match, target):
+            if not self.blocks.allocate(seq_id, match, target, seq.spec.hash_seed):
                 break
             self._waiting.popleft()
             self._start(seq, match.num_cached_tokens)
