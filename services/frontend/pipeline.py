@@ -22,6 +22,7 @@ from common.protocol import (
     GetStats,
     KvTransferParams,
     ListWorkers,
+    Message,
     Route,
     RouteRequest,
     SamplingParams,
@@ -132,6 +133,10 @@ class Pipeline:
 
         stats = await asyncio.gather(*(one(w) for w in listed.workers))
         return list(zip(listed.workers, stats))
+
+    async def ask_worker(self, endpoint: str, msg: Message, timeout_s: float) -> Message:
+        """One request to one worker and its reply (RemoteError, TransportTimeout as the transport raises)."""
+        return await self._client(endpoint).request(msg, timeout_s)
 
     async def list_workers(self, timeout_s: float = 1.0) -> WorkerList:
         reply = await self._router.request(ListWorkers(request_id=new_id("ls")), timeout_s)

@@ -17,6 +17,7 @@ import structlog
 
 from common.errors import SplitserveError
 from common.transport import new_id
+from services.frontend.adapters_api import change_adapters, parse_adapter_request
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
 from services.frontend.context import offload_tokenization, served_context_len
@@ -46,7 +47,7 @@ log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
-          "/health": "GET",
+          "/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/health": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
 
 
@@ -145,6 +146,8 @@ class FrontendService:
                     await self._responses(req, resp)
                 case ("GET", "/v1/models"):
                     resp.send(200, self._served_models.listing(await self._worker_list()))
+                case ("POST", "/v1/load_lora_adapter" | "/v1/unload_lora_adapter"):
+                    await self._change_adapters(req, resp, load=req.path == "/v1/load_lora_adapter")
                 case ("GET", "/health"):
                     await self._health(resp)
                 case ("GET", "/metrics"):
@@ -202,6 +205,17 @@ class FrontendService:
             "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
 
     # ----------------------------------------------------------------------------------------- generation
+    async def _change_adapters(self, req: Request, resp: Response, load: bool) -> None:
+        adapter = parse_adapter_request(req.body, load)
+        try:
+            workers = await self.pipeline.list_workers()
+        except SplitserveError as exc:
+            raise ApiError(503, f"the router did not answer: {exc}", code="no_worker", type_="server_error") from None
+        text = await change_adapters(self.pipeline.ask_worker, workers, self._served_models, adapter, load)
+        log.info("adapter_loaded" if load else "adapter_unloaded", lora_name=adapter.lora_name)
+        self.pipeline.last_worker_list = None  # the next request looks again: its workers' beats say the adapter
+        resp.send(200, text.encode(), b"text/plain; charset=utf-8")
+
     async def _worker_list(self):
         """The router's last worker list (fetched when there is none yet); None without a router."""
         if self.pipeline.last_worker_list is None:
