@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import time
@@ -213,7 +214,8 @@ class FrontendService:
             raise ApiError(503, f"the router did not answer: {exc}", code="no_worker", type_="server_error") from None
         text = await change_adapters(self.pipeline.ask_worker, workers, self._served_models, adapter, load)
         log.info("adapter_loaded" if load else "adapter_unloaded", lora_name=adapter.lora_name)
-        self.pipeline.last_worker_list = None  # the next request looks again: its workers' beats say the adapter
+        with contextlib.suppress(SplitserveError):  # the workers beat the router with it before they answered us
+            self.pipeline.last_worker_list = await self.pipeline.list_workers()
         resp.send(200, text.encode(), b"text/plain; charset=utf-8")
 
     async def _worker_list(self):
@@ -229,7 +231,7 @@ class FrontendService:
         """The request under its served model's name (what workers registered), what it names (an adapter
         too), and that model's tokenizer and parsers."""
         try:
-            target = self._served_models.target(body.model, await self._worker_list())
+            target = self._served_models.target(body.model, self.pipeline.last_worker_list)
         except ApiError as miss:
             # Not a name here by the last list: an adapter loaded since may be (one fresh look, on a miss only).
             try:
