@@ -36,3 +36,14 @@ def test_lora_modules_option(given, expected) -> None:
 def test_lora_modules_option_refuses(given) -> None:
     with pytest.raises(typer.BadParameter):
         lora_modules(given)
+
+
+def test_the_engine_turns_lora_on_for_its_start_adapters_and_the_users_word_wins(monkeypatch, tmp_path) -> None:
+    from tests.services.worker.engines.vllm.test_engine_args import _kwargs
+
+    adapter = str(make_tiny_lora(tiny_model_dir(), tmp_path / "a"))
+    assert "enable_lora" not in _kwargs(monkeypatch, False)
+    kwargs = _kwargs(monkeypatch, False, lora_modules=(("sql", adapter),))
+    assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 16, 1)
+    kwargs = _kwargs(monkeypatch, False, lora_modules=(("sql", adapter),), engine_args={"max_loras": 4})
+    assert kwargs["max_loras"] == 4
