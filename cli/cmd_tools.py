@@ -7,13 +7,27 @@ from pathlib import Path
 import typer
 
 
-def keys_make(out: Path = typer.Option(Path("keys"), help="Output directory")) -> None:
+def keys_make(
+    out: Path = typer.Option(Path("keys"), help="Output directory"),
+    if_absent: bool = typer.Option(False, "--if-absent", help="Keep the keys OUT already holds for every service "
+                                   "(a one-shot key step run again: compose.yaml's `keys` service)"),
+    services: str = typer.Option("router,worker,kvtier,frontend,planner,scaler", "--services",
+                                 help="Only these services, comma-separated (and only their allow-lists)"),
+) -> None:
     """Write a CURVE keypair per service (router, worker, kvtier, frontend, planner, scaler: who follows the
     planner's ScaleRequests) under OUT/<service>/, with the public keys of the servers it dials and of the clients
     it accepts; give each service its directory (--curve-dir OUT/<service>, or OUT). Secret key files are 0600."""
-    from common.security import make_curve_keys
+    from common.security import SERVICES, curve_keys_present, make_curve_keys
 
-    typer.echo(str(make_curve_keys(out)))
+    chosen = tuple(s.strip() for s in services.split(",") if s.strip())
+    unknown = sorted(set(chosen) - set(SERVICES))
+    if unknown or not chosen:
+        raise typer.BadParameter(f"unknown services {unknown}: choose from {', '.join(SERVICES)}",
+                                 param_hint="--services")
+    if if_absent and curve_keys_present(out, chosen):
+        typer.echo(f"{out}: keys present, kept")
+        return
+    typer.echo(str(make_curve_keys(out, chosen)))
 
 
 def make_tiny(

@@ -260,6 +260,10 @@ def worker(
         from cli.engine_reaper import start_engine_reaper
 
         start_engine_reaper()  # before vLLM starts its engine processes: they die with us, even by SIGKILL
+        from cli.shm_tracker import start_shm_tracker, sweep_stale_records
+
+        sweep_stale_records()  # what a killed worker's tracker held on this host
+        start_shm_tracker()  # after the reaper's fork (it must not hold the tracker's pipe): names survive a kill
         eng = VllmEngine(config)
     else:
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}")

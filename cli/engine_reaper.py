@@ -20,6 +20,8 @@ import os
 import select
 import signal
 
+from cli.shm_tracker import MARK as SHM_TRACKER_MARK
+
 POLL_S = 1.0
 
 
@@ -71,7 +73,7 @@ def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
             break
         try:
             for child in parent.children(recursive=True):
-                if child.pid != me:
+                if child.pid != me and not _is_shm_tracker(child):
                     known[child.pid] = child.create_time()
         except psutil.Error:
             break
@@ -91,6 +93,15 @@ def _watch(psutil, watched: int, read_fd: int, poll_s: float) -> None:
     remove_orphaned_segments(segments)
 
 
+def _is_shm_tracker(child) -> bool:
+    """cli/shm_tracker.py's tracker: left to exit by itself once the tree is gone (it unlinks what the tree
+    registered and never unlinked; killed, it could not)."""
+    try:
+        return any(SHM_TRACKER_MARK in arg for arg in child.cmdline())
+    except Exception:  # psutil.Error: gone already
+        return False
+
+
 SHM_DIR = "/dev/shm/"
 
 
@@ -105,17 +116,35 @@ def shm_mapped_by(pid: int | str) -> set[str]:
         return set()
 
 
+def shm_inodes_mapped(pid: int | str) -> set[int]:
+    """Inodes of the /dev/shm files ``pid`` maps, unlinked ones included: glibc's sem_open creates a semaphore
+    as a temporary file, maps it, links it under its name and unlinks the temporary one, so its creator's map
+    shows "/dev/shm/sem.XXXXXX (deleted)" with the named file's inode, never the name."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return {int(fields[4]) for line in maps
+                    if len(fields := line.split(None, 5)) == 6 and fields[5].startswith(SHM_DIR)}
+    except (OSError, ValueError):
+        return set()
+
+
 def remove_orphaned_segments(segments: set[str]) -> list[str]:
     """Unlink each of ``segments`` that no live process maps (another process may share one: it stays); the
-    removed ones."""
+    removed ones. Mapped is told by inode, not path (see ``shm_inodes_mapped``)."""
     if not segments:
         return []
-    in_use: set[str] = set()
+    inodes: dict[str, int] = {}
+    for path in segments:
+        try:
+            inodes[path] = os.stat(path).st_ino
+        except OSError:
+            continue  # gone already
+    in_use: set[int] = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            in_use |= shm_mapped_by(entry) & segments
+            in_use |= shm_inodes_mapped(entry)
     removed = []
-    for path in sorted(segments - in_use):
+    for path in sorted(p for p, ino in inodes.items() if ino not in in_use):
         try:
             os.unlink(path)
             removed.append(path)

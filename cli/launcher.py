@@ -71,6 +71,11 @@ def with_options(cmd: list[str], options: list[str]) -> list[str]:
 
 
 def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
+    from cli.shm_tracker import sweep_stale_records
+
+    # Semaphores and segments a killed graph's engine trees left in /dev/shm (their trackers died with them).
+    if removed := sweep_stale_records():
+        log.info("shm_leftovers_removed", num_files=len(removed))
     model = spec.model or DEFAULT_MODEL_DIR
     if spec.model is None and not (model / "config.json").exists():
         from common.tiny_model import make_tiny_model

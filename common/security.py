@@ -89,6 +89,12 @@ def make_curve_keys(out_dir: Path, services: tuple[str, ...] = SERVICES) -> Path
     return out_dir
 
 
+def curve_keys_present(out_dir: Path, services: tuple[str, ...] = SERVICES) -> bool:
+    """Whether ``out_dir`` already holds every service's keypair (``keys make --if-absent`` keeps them: a restarted
+    deployment's running services hold these keys, new ones would lock them out)."""
+    return all(len(list((out_dir / service).glob("*.key_secret"))) == 1 for service in services)
+
+
 def load_curve_keys(keys_dir: Path) -> CurveKeys:
     """A service's keys from its directory (``OUT/<service>`` of ``keys make``)."""
     secrets = sorted(keys_dir.glob("*.key_secret"))

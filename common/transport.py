@@ -258,6 +258,7 @@ class Client:
         self._on_unsolicited = on_unsolicited
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
+        self.num_send_failures = 0  # sends that failed (logged as send_failed)
 
     def start(self) -> None:
         if self._reader is None:
@@ -310,7 +311,34 @@ class Client:
             self._on_unsolicited(msg)
 
     def send_nowait(self, msg: Message) -> None:
-        self._sock.send(encode_capped(msg, self._max_bytes), copy=True, flags=zmq.NOBLOCK)
+        """Send without awaiting. A failure is never left in a future nobody reads: it is logged and counted
+        (``num_send_failures``) and, when ``msg`` belongs to an open stream, that stream gets ``worker_lost`` at
+        once (its request fails over now, not at its idle timeout); else an immediate failure (zmq.Again: the
+        queue to the peer is full, or there is no peer) is raised."""
+        fut = self._sock.send(encode_capped(msg, self._max_bytes), copy=True, flags=zmq.NOBLOCK)
+        if not fut.done():  # queued behind an awaited send: its outcome comes later
+            fut.add_done_callback(lambda done: self._send_done(msg, done))
+            return
+        exc = fut.exception()
+        if exc is not None and not self._send_failed(msg, exc):
+            raise exc
+
+    def _send_done(self, msg: Message, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._send_failed(msg, fut.exception())  # type: ignore[arg-type]
+
+    def _send_failed(self, msg: Message, exc: BaseException) -> bool:
+        """Log and count a failed send; fail its stream if one is open (True then)."""
+        self.num_send_failures += 1
+        request_id = getattr(msg, "request_id", None)
+        queue = self._streams.get(request_id) if request_id is not None else None
+        log.warning("send_failed", endpoint=self.endpoint, message=type(msg).__name__, request_id=request_id,
+                    error=str(exc) or type(exc).__name__, stream_failed=queue is not None)
+        if queue is None:
+            return False
+        queue.put_nowait(ErrorReply(request_id=request_id, code="worker_lost",
+                                    message=f"send to {self.endpoint} failed: {exc or type(exc).__name__}"))
+        return True
 
     async def send(self, msg: Message) -> None:
         await self._sock.send(encode_capped(msg, self._max_bytes), copy=True)

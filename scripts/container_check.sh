@@ -60,7 +60,7 @@ dump_logs() {
 }
 
 cleanup() {
-  "${COMPOSE[@]}" down -t 10 >/dev/null 2>&1 || true
+  "${COMPOSE[@]}" down -v -t 10 >/dev/null 2>&1 || true  # -v: the project's CURVE key volumes too
   for id in $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT"); do podman rm -f "$id" >/dev/null; done
   podman network rm -f "${PROJECT}_splitserve" >/dev/null 2>&1 || true
   podman rm -f "$AGG" >/dev/null 2>&1 || true

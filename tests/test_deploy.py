@@ -32,7 +32,10 @@ DEVICE_CHECK = ROOT / "scripts" / "device_check.sh"
 UNITS = ["splitserve-router.service", "splitserve-worker@.service", "splitserve-frontend.service",
          "splitserve-planner.service", "splitserve-kvtier.service"]
 VENV_BIN = "/opt/splitserve/.venv/bin/"
-GRAPH = {"router", "prefill", "decode", "frontend", "kvtier-prefill", "kvtier-decode"}
+GRAPH = {"keys", "router", "prefill", "decode", "frontend", "kvtier-prefill", "kvtier-decode"}
+# compose.yaml's CURVE keys: the one-shot service that makes them, the root each service's --curve-dir names.
+KEYS_SERVICE = "keys"
+CURVE_ROOT = "/etc/splitserve/curve"
 WORKERS = ("prefill", "decode")
 NAMESPACES = ("network_mode", "ipc", "pid")
 
@@ -56,6 +59,17 @@ def _script_command(target: str) -> Command | None:
         return typer.main.get_command(app)
     match = re.fullmatch(r"cli\.main:(\w+)_main", target)
     return _commands().get(match.group(1)) if match else None
+
+
+def _resolve(args: list[str]) -> tuple[str, Command, list[str]]:
+    """(the command's words, its click command, its options) of a `splitserve ...` argument list: a group's
+    subcommand (`keys make`) is followed down."""
+    command: Command = typer.main.get_command(app)
+    words = []
+    while hasattr(command, "commands") and args and args[0] in command.commands and not _runs_alone(command, args):
+        words.append(args[0])
+        command, args = command.commands[args[0]], args[1:]
+    return " ".join(words), command, args
 
 
 def _runs_alone(group: Command, args: list[str]) -> bool:
@@ -122,7 +136,8 @@ def test_compose_runs_the_graph_from_one_image(compose: dict) -> None:
     assert len({s["image"] for s in services.values()}) == 1
     assert sum("build" in s for s in services.values()) >= 1
     for name, service in services.items():
-        assert service.get("restart") == "unless-stopped", name
+        # The key service runs once per `up` and exits; a restart policy would rerun it forever.
+        assert service.get("restart") == ("no" if name == KEYS_SERVICE else "unless-stopped"), name
         assert service.get("entrypoint") is None, f"{name}: the image's ENTRYPOINT is splitserve"
 
 
@@ -130,18 +145,25 @@ def test_compose_commands_are_real_subcommands_and_options(compose: dict) -> Non
     commands = _commands()
     for name, service in compose["services"].items():
         args = _service_args(service)
-        sub, rest = args[0], args[1:]
-        assert sub in commands, f"{name}: `splitserve {sub}` does not exist (have {sorted(commands)})"
-        _check_args(commands[sub], rest, f"compose service {name}")
-        _parse(commands[sub], rest, f"compose service {name}")
+        assert args[0] in commands, f"{name}: `splitserve {args[0]}` does not exist (have {sorted(commands)})"
+        _, command, rest = _resolve(args)
+        assert not hasattr(command, "commands") or _runs_alone(command, rest), f"{name}: {args[:2]} is a group"
+        _check_args(command, rest, f"compose service {name}")
+        _parse(command, rest, f"compose service {name}")
 
 
 def _opts(compose: dict, name: str) -> dict[str, str]:
-    args = _service_args(compose["services"][name])
-    return _check_args(_commands()[args[0]], args[1:], name)
+    _, command, rest = _resolve(_service_args(compose["services"][name]))
+    return _check_args(command, rest, name)
+
+
+def _kind(compose: dict, name: str) -> str:
+    """The service kind whose CURVE keys a compose service uses (its subcommand: router, worker, kvtier, ...)."""
+    return _service_args(compose["services"][name])[0]
 
 
 def test_compose_workers_bind_all_interfaces_and_advertise_a_reachable_endpoint(compose: dict) -> None:
+    # Safe only because every one of these sockets runs CURVE (tests/test_deploy_security.py).
     services = compose["services"]
     router_args = _opts(compose, "router")
     assert router_args["--endpoint"] == "tcp://0.0.0.0:5550"
@@ -302,7 +324,7 @@ def test_compose_frontend_healthcheck_and_dependencies(compose: dict) -> None:
     test = " ".join(check["test"]) if isinstance(check["test"], list) else check["test"]
     assert "/health" in test and ":8000" in test
     assert "start_period" in check
-    assert set(services["frontend"]["depends_on"]) == {"router", "prefill", "decode"}
+    assert set(services["frontend"]["depends_on"]) == {KEYS_SERVICE, "router", "prefill", "decode"}
     for role in ("prefill", "decode"):
         assert "router" in services[role]["depends_on"]
     # Shared namespaces must point at a service that exists and is started first.

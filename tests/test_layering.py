@@ -100,6 +100,49 @@ def test_no_module_of_the_product_is_over_400_lines() -> None:
     assert long == []
 
 
+BUDGET_RULE = Path("common/continuation.py")  # the one module that says what max_tokens counts at each hop
+
+
+def budget_arithmetic(source: str) -> list[str]:
+    """Expressions that derive a request's budget or prompt from a hand-off: ``max_tokens``/``min_tokens`` on
+    the left of + or -, or += / -= on them, ``max_tokens=<constant>``, and + over a ``first_token_id``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            left = node.left.attr if isinstance(node.left, ast.Attribute) else getattr(node.left, "id", None)
+            handed = any(isinstance(n, ast.Attribute) and n.attr == "first_token_id" for n in ast.walk(node))
+            if left in ("max_tokens", "min_tokens") or handed:
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
+            target = node.target.attr if isinstance(node.target, ast.Attribute) else getattr(node.target, "id", None)
+            if target in ("max_tokens", "min_tokens"):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.keyword) and node.arg == "max_tokens" and isinstance(node.value, ast.Constant):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_continuation_rule_does_budget_arithmetic() -> None:
+    """The first-token hand-off and migration are written once: an engine or the frontend that shrinks or
+    grows max_tokens, or appends the first token, itself re-derives the rule (common/continuation.py)."""
+    found = [f"{path.relative_to(ROOT)}: {expr}" for package in ("cli", "common", "services")
+             for path in sorted((ROOT / package).rglob("*.py")) if path.relative_to(ROOT) != BUDGET_RULE
+             for expr in budget_arithmetic(path.read_text())]
+    assert found == []
+
+
+@pytest.mark.parametrize(("source", "caught"), [
+    ("s = replace(sampling, max_tokens=sampling.max_tokens - 1)\n", True),
+    ("max_tokens += 1\n", True),
+    ("p = prompt + (handoff.first_token_id,)\n", True),
+    ("msg = Generate(sampling=replace(sampling, max_tokens=1))\n", True),
+    ("num_total = len(token_ids) + max_tokens\n", False),  # a sequence's length, not a budget
+    ("ok = sampling.max_tokens <= 1\n", False),
+])
+def test_budget_arithmetic_is_caught(source: str, caught: bool) -> None:
+    assert bool(budget_arithmetic(source)) is caught
+
+
 @pytest.mark.parametrize(("source", "expected"), [
     ("from services.worker.engine import Engine\n", ["services.worker.engine.Engine"]),
     ("import services.router.policy as p\n", ["services.router.policy"]),

@@ -8,7 +8,7 @@ import msgspec
 
 # The wire contract's release: bumped whenever a message changes incompatibly. Registrations carry it and the router
 # refuses a peer of another version loudly (a field it does not know would otherwise be silently misread).
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: Generate.handoff (the first token and its KV) replaced kv_transfer
 
 Role = Literal["prefill", "decode", "both"]
 Tier = Literal["device", "host", "disk"]

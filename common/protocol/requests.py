@@ -62,15 +62,26 @@ class WorkerList(Msg, frozen=True):
 # --------------------------------------------------------------------------------------- frontend <-> worker
 
 
+class Handoff(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The prefill worker's part of a request, handed to its decode worker (common/continuation.py says what
+    the budget then counts): the first output token, streamed to the client already, and where the prompt's KV
+    lives (None: the decode worker computes the prompt itself)."""
+
+    first_token_id: int
+    kv_transfer: KvTransferParams | None = None
+
+
 class Generate(Msg, frozen=True):
     request_id: str
+    # The prompt; with a hand-off, the prompt the prefill worker ran (the first token is the hand-off's).
     token_ids: tuple[int, ...]
+    # The whole request's: max_tokens and min_tokens count every output token, the hand-off's first one too.
     sampling: SamplingParams
     # Prefill worker: compute the prompt, return the first token and where its KV lives.
     prefill_only: bool = False
-    # Decode worker: pull the prompt's KV from here instead of computing it. token_ids then holds the
-    # prompt followed by the first token the prefill worker produced.
-    kv_transfer: KvTransferParams | None = None
+    # Decode worker: continue after the prefill worker's first token, its prompt's KV pulled (or pushed) from
+    # there when the hand-off says where.
+    handoff: Handoff | None = None
     # Route.kvtier_remote: after the own kvtier's run, load the prompt's next blocks from this one.
     kvtier_remote: str = ""
     # Run with this LoRA adapter ("": the base model), on the prefill and the decode engine alike: the KV one
@@ -92,6 +103,9 @@ class Tokens(Msg, frozen=True):
     transfer_failed: bool = False
     # One entry per token in token_ids when the request asked for logprobs.
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # SamplingParams.prompt_logprobs: on the request's first slice, one entry per prompt token after the first
+    # (the first has no context to be scored in), each with its rank.
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 class TokensBatch(Msg, frozen=True):
@@ -108,6 +122,8 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    # The token's rank in the distribution (1: the likeliest); 0: not reported (output tokens).
+    rank: int = 0
 
 
 class Abort(Msg, frozen=True):

@@ -35,13 +35,30 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     logprobs: int | None = None
     # Guided decoding (vLLM structured outputs); None: free text.
     structured: StructuredOutput | None = None
+    # Only these token ids may be sampled (empty: any).
+    allowed_token_ids: tuple[int, ...] = ()
+    # Token sequences that may never be completed (vLLM's bad_words, tokenized by the frontend as vLLM does:
+    # each word with and without a leading space).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # Logprobs of each prompt token and this many alternatives (None: none), from the engine that computes the
+    # prompt: such a request is prefilled where it decodes (docs/api.md).
+    prompt_logprobs: int | None = None
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A grammar the output must follow: a JSON schema (as JSON text), or any JSON object."""
+    """A grammar the output must follow (vLLM's StructuredOutputsParams): exactly one of a JSON schema (as JSON
+    text), any JSON object, a regular expression, one of ``choice``, an EBNF/Lark ``grammar`` or a structural
+    tag (JSON text); with vLLM's per-request whitespace and additionalProperties options."""
 
     json_schema: str = ""
     json_object: bool = False
+    regex: str = ""
+    choice: tuple[str, ...] = ()
+    grammar: str = ""
+    structural_tag: str = ""
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str = ""
 
 
 # How a prefilled request's KV reaches the decode engine: "pull" (the decode engine READs the prefill engine's

@@ -18,9 +18,10 @@ import structlog
 from common.errors import NoWorkerError, RemoteError, WorkerLost
 from common.protocol import SamplingParams
 from common.transport import new_id
-from services.frontend.choice_text import ChoiceText
+from services.frontend.choice_text import ChoiceText, detokenize_options
 from services.frontend.choices import Choices
 from services.frontend.completion_bodies import ResponseShape
+from services.frontend.echo import Echo, prompt_logprobs_json
 from services.frontend.http_messages import Response
 from services.frontend.logprobs import LogprobsRenderer
 from services.frontend.metrics import FrontendMetrics
@@ -47,16 +48,19 @@ class Answers:
 
     async def answer(self, resp: Response, shape: Shape, token_ids: tuple[int, ...], sampling: SamplingParams,
                      stop: tuple[str, ...], body: Body, tools: ToolPlan | None = None,
-                     parse: Callable[[], ParseSession] | None = None, lora_name: str = "") -> None:
+                     parse: Callable[[], ParseSession] | None = None, echo: Echo | None = None,
+                     pipeline_id: str | None = None, lora_name: str = "") -> None:
         """Stream or collect every choice, then answer; ``tools``: a forced tool call (its JSON leaves as
-        tool_calls); ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto"); ``lora_name``:
-        the adapter of ``body.model`` (a served model's name) to run with."""
+        tool_calls); ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto"); ``echo``: what
+        the answer starts with (echo.py); ``pipeline_id``: the request's id in the graph (default shape.id);
+        ``lora_name``: the adapter of ``body.model`` (a served model's name) to run with."""
         sessions: list[ParseSession] | None = [parse() for _ in range(body.n)] if parse else None
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
         continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
-        choices = [ChoiceText(self.tokenizer.decoder(token_ids), None if sampling.logprobs is None else
-                           LogprobsRenderer(self._token_text, shape.is_chat)) for _ in range(body.n)]
+        choices = [ChoiceText(self.tokenizer.decoder(token_ids, detokenize_options(body)),
+                              None if sampling.logprobs is None else LogprobsRenderer(self._token_text, shape.is_chat),
+                              echo) for _ in range(body.n)]
         num_output = 0
         num_cached = -1
         last_s = 0.0
@@ -67,7 +71,8 @@ class Answers:
                 self.metrics.arrival_max_tokens.observe(sampling.max_tokens)
         self.metrics.inflight.inc()
         try:
-            fanout = Choices(self.pipeline, shape.id, body.model, token_ids, sampling, body.n, lora_name)
+            fanout = Choices(self.pipeline, pipeline_id or shape.id, body.model, token_ids, sampling, body.n,
+                             lora_name)
             gen = fanout.__aiter__()
             async with aclosing(gen):
                 async for index, out in gen:
@@ -93,7 +98,9 @@ class Answers:
                                 "total_tokens": len(token_ids) + num_output}
                             if sessions is None:
                                 await resp.write(shape.delta_chunk(text, part, index, so_far))
-                            elif (delta := sessions[index].stream(text, out.token_ids)) or part is not None:
+                            elif (delta := sessions[index].stream(
+                                    text, out.token_ids, choice.stopped or out.finish_reason is not None)
+                                  ) or part is not None:
                                 await resp.write(shape.parsed_chunk(index, delta or {}, part, so_far))
                     if choice.stopped:
                         fanout.stop(index)
@@ -110,14 +117,16 @@ class Answers:
         finally:
             self.metrics.inflight.dec()
         self.metrics.e2e_seconds.observe(time.perf_counter() - start_s)
+        scored = None if sampling.prompt_logprobs is None else prompt_logprobs_json(
+            token_ids, choices[0].prompt_logprobs, self._token_text)
         await self._shape(resp, shape, [c.result() for c in choices], body, len(token_ids), num_output,
-                          max(num_cached, 0), tools, sessions)
+                          max(num_cached, 0), tools, sessions, scored)
 
     async def _shape(self, resp: Response, shape: Shape, results: list[tuple], body: Body, num_prompt: int,
                      num_output: int, num_cached: int, tools: ToolPlan | None,
-                     sessions: list[ParseSession] | None) -> None:
+                     sessions: list[ParseSession] | None, prompt_logprobs: list | None = None) -> None:
         """The answer from every choice's (text, finish_reason, logprobs): tool calls and vLLM's parsers
-        applied, as one body or the stream's last chunks."""
+        applied, as one body or the stream's last chunks; ``prompt_logprobs`` (echo.py) in a whole body."""
         include_usage = bool(body.stream_options and body.stream_options.include_usage
                              or getattr(shape, "always_usage", False))
         self.metrics.prompt_tokens.inc(num_prompt)
@@ -139,8 +148,10 @@ class Answers:
                 if calls:
                     await resp.write(shape.tool_calls_chunk(index, calls))
             resp.end(shape.final_chunks([r[1] for r in results], usage if include_usage else None))
-        else:
+        elif prompt_logprobs is None:
             resp.send(200, shape.full_response(results, usage))
+        else:  # chat and completions only (the Responses API asks none)
+            resp.send(200, shape.full_response(results, usage, prompt_logprobs))
 
 
 def _with_tool_calls(tools: ToolPlan, text: str, finish: str, logprobs: dict | None) -> tuple:

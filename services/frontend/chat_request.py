@@ -20,7 +20,10 @@ from services.frontend.openai_api import (
     check_template_kwargs,
     message_chars,
     message_dicts,
+    parse_chat,
+    stop_strings,
 )
+from services.frontend.served_models import ServedModels
 from services.frontend.tokenizer import ChatPrompt, ModelTokenizer
 from services.frontend.tools import ToolPlan, plan_tools
 from services.frontend.vllm_parsers import ParseSession, VllmParsers
@@ -33,6 +36,7 @@ class ChatRequest:
     num_chars: int  # of every message's text: bounds the prompt's tokens before rendering (token_budget)
     tools: ToolPlan | None  # the frontend's tool plan (None: no tools, or vLLM's parser reads the answer)
     template_kwargs: dict[str, Any]
+    stop: tuple[str, ...]  # stop strings
     # Makes one choice's vLLM parse session (reasoning, tool calls "auto"); None: no vLLM parser reads it.
     parse: Callable[[], ParseSession] | None
 
@@ -48,10 +52,14 @@ class ChatRequest:
         return self.tools if self.tools is not None and self.tools.shapes_answer else None
 
 
-def parse_chat_request(raw: bytes, body: ChatCompletionRequest, parsers: VllmParsers | None,
-                       tool_parser: str | None, enable_auto_tool_choice: bool) -> ChatRequest:
-    """``raw``: the request's bytes (vLLM's parsers read their own request from them); ``parsers``: vLLM's,
-    when named and the request came to /v1/chat/completions."""
+def parse_chat_request(raw: bytes, body: ChatCompletionRequest | None, models: ServedModels,
+                       parsers: VllmParsers | None, tool_parser: str | None,
+                       enable_auto_tool_choice: bool) -> ChatRequest:
+    """``raw``: the request's bytes (vLLM's parsers read their own request from them); ``body``: the chat request
+    another endpoint's maps onto (/v1/responses), else None: parsed from ``raw``; ``parsers``: vLLM's, when
+    named and the request came to /v1/chat/completions; ``tool_parser``: the frontend's reader of tool calls
+    for this template (tool_parsers.py)."""
+    body = models.served(body or parse_chat(raw))
     # tool_choice "auto" read by vLLM's parser: the tools go into the prompt, the answer to the parser.
     vllm_tools = bool(parsers and parsers.tool_cls and body.tools and body.tool_choice in (None, "auto"))
     if vllm_tools and not enable_auto_tool_choice:
@@ -70,8 +78,9 @@ def parse_chat_request(raw: bytes, body: ChatCompletionRequest, parsers: VllmPar
             raise ApiError(400, f"request not valid for vLLM's parsers: {exc}") from exc
         parse = functools.partial(parsers.session, vllm_request, vllm_tools)
     messages = message_dicts(body.messages)
-    return ChatRequest(body=body, messages=messages, num_chars=message_chars(messages), tools=tools,
-                       template_kwargs=check_template_kwargs(body.chat_template_kwargs), parse=parse)
+    return ChatRequest(body=body, messages=messages, num_chars=message_chars(messages, body.tools), tools=tools,
+                       template_kwargs=check_template_kwargs(body.chat_template_kwargs), stop=stop_strings(body.stop),
+                       parse=parse)
 
 
 def render(tokenizer: ModelTokenizer, chat: ChatRequest) -> ChatPrompt:

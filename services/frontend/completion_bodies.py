@@ -78,18 +78,22 @@ class ResponseShape:
         return self._chunk([{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
                              "finish_reason": None}])
 
-    def full_response(self, choices: list[tuple[Any, ...]], usage: dict[str, Any]) -> bytes:
-        """``choices``: (text, finish_reason, logprobs or None[, tool calls or None]) per choice, in index order."""
+    def full_response(self, choices: list[tuple[Any, ...]], usage: dict[str, Any],
+                      prompt_logprobs: list[Any] | None = None) -> bytes:
+        """``choices``: (text, finish_reason, logprobs or None[, tool calls or None]) per choice, in index order.
+        ``prompt_logprobs``: vLLM's field (echo.py), on each choice of a completion and once for a chat."""
+        extra: dict[str, Any] = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
         if self.is_chat:
             body = [{"index": i, "message": _message(*choice), "logprobs": choice[2], "finish_reason": choice[1]}
                     for i, choice in enumerate(choices)]
             obj = "chat.completion"
         else:
-            body = [{"index": i, "text": choice[0], "logprobs": choice[2], "finish_reason": choice[1]}
+            body = [{"index": i, "text": choice[0], "logprobs": choice[2], "finish_reason": choice[1], **extra}
                     for i, choice in enumerate(choices)]
             obj = "text_completion"
+        top = extra if self.is_chat else {}
         return orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                             "choices": body, "usage": usage})
+                             "choices": body, "usage": usage, **top})
 
 
 def _message(text: str | None, _finish: str, _logprobs: Any, calls: list[dict[str, Any]] | None = None,

@@ -39,3 +39,20 @@ def min_prompt_tokens(num_chars: int, max_token_chars: int) -> int:
 
 def offload_tokenization(num_chars: int, min_chars: int = OFFLOAD_MIN_CHARS) -> bool:
     return num_chars >= min_chars
+
+
+def truncate_prompt(token_ids: list[int] | tuple[int, ...], truncate: int | None, side: str | None,
+                    max_len: int) -> list[int] | tuple[int, ...]:
+    """vLLM's ``truncate_prompt_tokens``: keep the prompt's last N tokens (``side`` "left", vLLM's default for
+    generation) or its first N ("right"); -1 keeps as many as the context allows with one output token.
+    None: the prompt as it is. Raises ValueError for an N over the context."""
+    if truncate is None:
+        return token_ids
+    if truncate > max_len:
+        raise ValueError(f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len={max_len}")
+    keep = max(0, max_len - 1) if truncate < 0 else truncate
+    if keep >= len(token_ids):
+        return token_ids
+    if keep == 0:
+        return token_ids[:0]
+    return token_ids[-keep:] if (side or "left") == "left" else token_ids[:keep]

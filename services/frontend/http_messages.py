@@ -63,7 +63,7 @@ def error_body(message: str, code: str | None = None) -> bytes:
 class Response:
     """Writes one response on a connection: either ``send`` whole, or ``start`` + ``write``... + ``end``."""
 
-    __slots__ = ("_conn", "_head_only", "_http10", "done", "keep_alive", "started", "status")
+    __slots__ = ("_conn", "_head_only", "_http10", "done", "headers", "keep_alive", "started", "status")
 
     def __init__(self, conn: Connection, keep_alive: bool, head_only: bool = False, http10: bool = False) -> None:
         self._conn = conn
@@ -73,6 +73,8 @@ class Response:
         self.started = False  # headers are out
         self.done = False
         self.status = 0
+        # Sent with whatever this response turns out to be (e.g. the client's X-Request-Id echoed).
+        self.headers: tuple[tuple[bytes, bytes], ...] = ()
 
     @property
     def disconnected(self) -> bool:
@@ -80,7 +82,7 @@ class Response:
 
     def _head(self, status: int, fixed: bytes, headers: tuple[tuple[bytes, bytes], ...]) -> list[bytes]:
         head = [b"HTTP/1.1 %d %s\r\n%s" % (status, _REASONS.get(status, b""), fixed)]
-        for name, value in headers:
+        for name, value in (*self.headers, *headers):
             head.append(b"%s: %s\r\n" % (name, value))
         if not self.keep_alive:
             head.append(b"connection: close\r\n")

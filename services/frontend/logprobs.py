@@ -26,9 +26,30 @@ class LogprobsRenderer:
     def merge(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """One response's logprobs from the parts rendered per output slice."""
         if self._is_chat:
-            return {"content": [entry for part in parts for entry in part["content"]], "refusal": None}
+            return {"content": [entry for part in parts for entry in part["content"]]}
         keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
         return {key: [value for part in parts for value in part[key]] for key in keys}
+
+    def render_prompt(self, token_ids: tuple[int, ...], scored: tuple[TokenLogprobs, ...]) -> dict[str, Any]:
+        """Completions' echo: the prompt's tokens first, the first with no logprob (nothing precedes it); each
+        other's alternatives as vLLM lists them, its own token first (a later one decoding alike wins)."""
+        tokens, values, tops, offsets = [], [], [], []
+        for i, token_id in enumerate(token_ids):
+            text = self._text(token_id)
+            tokens.append(text)
+            offsets.append(self._offset)
+            self._offset += len(text)
+            lp = scored[i - 1] if 0 < i <= len(scored) else None
+            if lp is None:
+                values.append(None)
+                tops.append(None)
+                continue
+            values.append(_finite(lp.logprob))
+            top = {text: _finite(lp.logprob)}
+            for alt_id, value in lp.top:
+                top[self._text(alt_id)] = _finite(value)
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
     def _chat(self, logprobs: tuple[TokenLogprobs, ...]) -> dict[str, Any]:
         content = []
@@ -36,7 +57,7 @@ class LogprobsRenderer:
             entry = self._chat_entry(lp.token_id, lp.logprob)
             entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in lp.top]
             content.append(entry)
-        return {"content": content, "refusal": None}
+        return {"content": content}  # vLLM's shape: no "refusal" key
 
     def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self._text(token_id)

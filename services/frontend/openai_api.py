@@ -74,6 +74,20 @@ class ResponseFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     json_schema: JsonSchema | None = None
 
 
+class StructuredOutputs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` field (its StructuredOutputsParams): exactly one constraint."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
 # Every request field is declared: an unknown one is a 400 naming it (forbid_unknown_fields), and a declared
 # one is either honoured or refused with a 400 when set (UNSUPPORTED); a client never gets a 200 that ignored
 # what it asked for. The fields in _NO_EFFECT change nothing a client can observe here and are accepted.
@@ -101,8 +115,30 @@ class _Common(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # vLLM's: keep the k most likely tokens (0 or -1: all), and those at least min_p times the likeliest's.
     top_k: int | None = None
     min_p: float | None = None
+    # vLLM's: sampling restricted to these ids; words (tokenized as vLLM does) the output may not contain.
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # vLLM's detokenization options (the frontend detokenizes: services/frontend/choice_text.py).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # vLLM's: keep the prompt's last (left) or first (right) N tokens; -1: the context less one.
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: each prompt token's logprob and this many alternatives (-1: the whole vocabulary).
+    prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's: the response id's suffix (the X-Request-Id header wins), default random.
+    request_id: str | None = None
     # Refused when set (see UNSUPPORTED).
     best_of: int | None = None
+    # Removed in vLLM 0.32 (which ignores them, unconstrained): refused, naming structured_outputs.
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
 
 
 class ChatCompletionRequest(_Common, frozen=True):
@@ -111,6 +147,8 @@ class ChatCompletionRequest(_Common, frozen=True):
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: end the prompt with the assistant's turn opened (default), or continue the last message as is.
     add_generation_prompt: bool = True
+    # vLLM's: the answer starts with the last message's content when that message has the answer's role.
+    echo: bool = False
     continue_final_message: bool = False
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -140,9 +178,11 @@ class ChatCompletionRequest(_Common, frozen=True):
 class CompletionRequest(_Common, frozen=True):
     # str, token ids, or a one-element list of either (msgspec unions allow one array type: checked below).
     prompt: str | list[Any] = ""
+    # The answer starts with the prompt's text (and, with logprobs, the prompt's logprobs).
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 # Declared fields refused when set to anything but these values (None: unset), with why.
@@ -158,7 +198,9 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "verbosity": ((None,), "verbosity is not supported"),
     "store": ((None, False), "store=true is not supported (nothing is stored)"),
     "service_tier": ((None, "auto", "default"), "only the default service_tier is served"),
-    "echo": ((False,), "echo is not supported"),
+    **{name: ((None,), f"{name} was removed in vLLM 0.32 (which ignores it); use structured_outputs")
+       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                    "guided_whitespace_pattern")},
     "suffix": ((None, ""), "suffix (insertion) is not supported"),
 }
 # Accepted with no effect: they change nothing a client can observe from this server.
@@ -282,13 +324,20 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
-def message_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of text in message_dicts' messages (bounds the prompt's tokens before templating)."""
-    total = 0
+def message_chars(messages: list[dict[str, Any]], tools: Any = None) -> int:
+    """Characters the chat template renders from the request: message text, assistant tool calls and
+    reasoning, and the tool schemas (their JSON; templates render them into the prompt). Bounds the prompt's
+    tokens before templating and decides the off-loop path: a request of small messages and a megabyte of tool
+    schemas is as long as one with a megabyte of text."""
+    total = len(msgspec.json.encode(tools)) if tools else 0
     for m in messages:
         content = m["content"]
         if isinstance(content, str):
             total += len(content)
         elif content:
             total += sum(len(p["text"]) for p in content)
+        if m.get("tool_calls"):
+            total += len(msgspec.json.encode(m["tool_calls"]))
+        if isinstance(m.get("reasoning"), str):
+            total += len(m["reasoning"])
     return total

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import structlog
 from msgspec.structs import replace
 
+from common.continuation import continuation, prefill_finish
 from common.errors import NoWorkerError, RemoteError, TransportTimeout, WorkerLost
 from common.protocol import (
     Abort,
     ErrorReply,
     Generate,
     GetStats,
+    Handoff,
     KvTransferParams,
     ListWorkers,
     Message,
@@ -178,8 +180,7 @@ class Pipeline:
         num_cached = -1
         for attempt in range(self.config.migration_limit + 1):
             # A migrated request resumes from the prompt plus what was already streamed.
-            prompt = token_ids + tuple(generated)
-            remaining = _after(sampling, len(generated))
+            prompt, remaining = continuation(token_ids, sampling, generated)
             if route is None or attempt > 0:
                 # A migrating request waits for a capable worker (its only one may be restarting) up to
                 # migration_wait_s.
@@ -208,8 +209,10 @@ class Pipeline:
 
     async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
                    on_decode: Callable[[Route], None] | None = None, lora_name: str = "") -> AsyncIterator[Tokens]:
-        kv_transfer = None
-        if route.prefill is not None:
+        handoff = None
+        # Prompt logprobs come from the engine that computes the prompt, and a decode engine that pulled the
+        # KV never did: such a request is prefilled where it decodes.
+        if route.prefill is not None and sampling.prompt_logprobs is None:
             self.metrics.prefill_decisions.labels(where="remote").inc()
             prefilled = await self._prefill(request_id, prompt, sampling, route, lora_name)
             if prefilled is not None:
@@ -220,12 +223,11 @@ class Pipeline:
                 if prefilled.finish_reason is not None:
                     return
                 # Without transfer params the decode worker recomputes the prompt: slower, still correct.
-                prompt = prompt + (prefilled.first_token_id,)
-                sampling = _after(sampling, 1)
-                kv_transfer = prefilled.kv_transfer
+                handoff = Handoff(first_token_id=prefilled.first_token_id, kv_transfer=prefilled.kv_transfer)
         else:
             self.metrics.prefill_decisions.labels(where="local").inc()
-        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, kv_transfer=kv_transfer,
+        # The same prompt and budget as the prefill's: the hand-off says what was made there (continuation.py).
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, handoff=handoff,
                        kvtier_remote=route.kvtier_remote, lora_name=lora_name)
         async for out in self._stream(self._client(route.decode.endpoint), msg):
             if out.transfer_failed:
@@ -239,8 +241,8 @@ class Pipeline:
                        route: Route, lora_name: str = "") -> _Prefilled | None:
         """Run the prompt on the prefill worker; None means it failed and the decode worker prefills."""
         assert route.prefill is not None
-        msg = Generate(request_id=request_id, token_ids=prompt, sampling=replace(sampling, max_tokens=1),
-                       prefill_only=True, lora_name=lora_name)
+        msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, prefill_only=True,
+                       lora_name=lora_name)
         try:
             async for out in self._stream(self._client(route.prefill.endpoint), msg,
                                           idle_timeout_s=self.config.prefill_timeout_s):
@@ -248,12 +250,9 @@ class Pipeline:
                     continue
                 if not out.token_ids or out.finish_reason not in ("stop", "length"):
                     return None
-                # The prefill ran with max_tokens=1, so its "length" ends the request only if the client
-                # asked for one token; "stop" (an EOS token) always does.
-                finish = "stop" if out.finish_reason == "stop" else ("length" if sampling.max_tokens <= 1 else None)
                 return _Prefilled(first_token_id=out.token_ids[0], kv_transfer=out.kv_transfer,
-                                  finish_reason=finish, num_cached_tokens=out.num_cached_tokens,
-                                  logprobs=out.logprobs)
+                                  finish_reason=prefill_finish(out.finish_reason, sampling),
+                                  num_cached_tokens=out.num_cached_tokens, logprobs=out.logprobs)
         except (WorkerLost, RemoteError) as exc:
             self.metrics.prefill_fallbacks.inc()
             log.warning("prefill_failed_local_fallback", request_id=request_id, worker=route.prefill.worker_id,
@@ -299,9 +298,3 @@ class Pipeline:
                 except Exception:  # the worker is gone; its blocks went with it
                     pass
 
-
-def _after(sampling: SamplingParams, num_generated: int) -> SamplingParams:
-    """The sampling of a request's continuation once ``num_generated`` tokens exist: max_tokens and min_tokens
-    count the tokens still to come (every other control applies unchanged, on whichever worker continues)."""
-    return replace(sampling, max_tokens=sampling.max_tokens - num_generated,
-                   min_tokens=max(0, sampling.min_tokens - num_generated))

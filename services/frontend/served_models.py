@@ -6,11 +6,15 @@ responses carry the adapter's name, as vLLM's do)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
+import msgspec
 import orjson
 
 from common.protocol import WorkerList
-from services.frontend.openai_api import ApiError
+from services.frontend.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
+
+_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,12 @@ class ServedModels:
         served = ", ".join(repr(n) for n in self._all_names(workers))
         raise ApiError(404, f"model {requested!r} does not exist; this server serves {served}", param="model",
                        code="model_not_found")
+
+    def served(self, body: _Body) -> _Body:
+        """The request under its model's served name (what workers registered); a 404 for a name not served
+        here. (The frontend resolves adapter names before: service.py ``_served``.)"""
+        name = self.canonical(body.model)
+        return body if name == body.model else msgspec.structs.replace(body, model=name)
 
     def _all_names(self, workers: WorkerList | None) -> list[str]:
         return [n for m in self.models for n in (m.name, *m.aliases, *sorted(adapters(workers, m.name)))]

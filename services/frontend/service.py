@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import msgspec
 import orjson
@@ -18,11 +17,13 @@ import structlog
 
 from common.errors import SplitserveError
 from common.transport import new_id
+from services.frontend import utility_api
 from services.frontend.adapters_api import change_adapters, parse_adapter_request
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
-from services.frontend.context import offload_tokenization, served_context_len
+from services.frontend.context import offload_tokenization, served_context_len, truncate_prompt
 from services.frontend.dashboard import Dashboard
+from services.frontend.echo import Echo, chat_echo, completion_echo
 from services.frontend.health import PoolCounts, count_pools, judge_health
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.loop_lag import watch_loop_lag
@@ -30,15 +31,15 @@ from services.frontend.metrics import FrontendMetrics
 from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
-    CompletionRequest,
     completion_prompt,
     parse_chat,
     parse_completion,
     stop_strings,
 )
 from services.frontend.pipeline import Pipeline, PipelineConfig
+from services.frontend.request_ids import response_ids
 from services.frontend.responses_as_chat import ResponsesShape, parse_responses
-from services.frontend.sampling import engines_of, refusal_for_engines, sampling_params
+from services.frontend.sampling import engines_of, guided_field, refusal_for_engines, sampling_params
 from services.frontend.model_context import FrontendModel, ModelContext
 from services.frontend.served_models import ServedModel, ServedModels, Target
 from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_prompt_chars, max_tokens_for
@@ -48,11 +49,9 @@ log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
-          "/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/health": "GET",
+          "/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST",
+          "/health": "GET", "/tokenize": "POST", "/detokenize": "POST", "/version": "GET", "/ping": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
-
-
-_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,8 @@ class FrontendService:
     async def handle(self, req: Request, resp: Response) -> None:
         endpoint = req.path if req.path in ROUTES else "other"
         method = "GET" if req.method == "HEAD" else req.method  # HEAD: GET's answer, headers only
+        if client_id := req.headers.get("x-request-id"):  # vLLM's (with --enable-request-id-headers): echoed
+            resp.headers = ((b"x-request-id", client_id.encode("latin-1")),)
         try:
             if not self._authorized(req):
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
@@ -151,13 +152,27 @@ class FrontendService:
                     await self._change_adapters(req, resp, load=req.path == "/v1/load_lora_adapter")
                 case ("GET", "/health"):
                     await self._health(resp)
+                case ("GET" | "POST", "/ping"):
+                    resp.send((await self._judge_health())[0].http_status, b"", b"text/plain")
+                case ("POST", "/tokenize"):
+                    request = utility_api.parse_tokenize(req.body)
+                    model = self._served_models.canonical(request.model or self.config.model_name)
+                    resp.send(200, await self._off_loop(functools.partial(
+                        utility_api.tokenize, request, self._models[model].tokenizer, self._context_len(model)),
+                        len(req.body)))
+                case ("POST", "/detokenize"):
+                    request = utility_api.parse_detokenize(req.body)
+                    model = self._served_models.canonical(request.model or self.config.model_name)
+                    resp.send(200, utility_api.detokenize(request, self._models[model].tokenizer))
+                case ("GET", "/version"):
+                    resp.send(200, utility_api.version())
                 case ("GET", "/metrics"):
                     resp.send(200, self.metrics.render(), b"text/plain; version=0.0.4")
                 case ("GET", "/dashboard"):
                     resp.send(200, self.dashboard.page(), b"text/html; charset=utf-8")
                 case ("GET", "/dashboard/data"):
                     resp.send(200, await self.dashboard.data())
-                case (_, path) if path in ROUTES:
+                case (_, path) if path in ROUTES and path != "/ping":
                     raise ApiError(405, f"method {req.method} not allowed on {req.path}",
                                    headers=((b"allow", ROUTES[path].encode()),))
                 case _:
@@ -190,6 +205,13 @@ class FrontendService:
         self._send_error(resp, ApiError(500, "internal error", type_="server_error"))
 
     async def _health(self, resp: Response) -> None:
+        health, counts = await self._judge_health()
+        resp.send(health.http_status, orjson.dumps({
+            "status": health.status, "reasons": health.reasons,
+            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
+            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+
+    async def _judge_health(self):
         now = time.monotonic()
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
@@ -199,11 +221,7 @@ class FrontendService:
                 counts = PoolCounts()
             self._workers_cache = (now, counts)
             self._pools_seen |= counts.pools
-        health = judge_health(counts, self._pools_seen)
-        resp.send(health.http_status, orjson.dumps({
-            "status": health.status, "reasons": health.reasons,
-            "num_workers": counts.num_prefill + counts.num_decode, "num_decode_workers": counts.num_decode,
-            "num_prefill_workers": counts.num_prefill, "num_draining_workers": counts.num_draining}))
+        return judge_health(counts, self._pools_seen), counts
 
     # ----------------------------------------------------------------------------------------- generation
     async def _change_adapters(self, req: Request, resp: Response, load: bool) -> None:
@@ -227,7 +245,7 @@ class FrontendService:
                 return None
         return self.pipeline.last_worker_list
 
-    async def _served(self, body: _Body) -> tuple[_Body, Target, ModelContext]:
+    async def _served(self, body):
         """The request under its served model's name (what workers registered), what it names (an adapter
         too), and that model's tokenizer and parsers."""
         try:
@@ -242,8 +260,11 @@ class FrontendService:
         body = body if target.model == body.model else msgspec.structs.replace(body, model=target.model)
         return body, target, self._models[target.model]
 
-    def _context_len(self, ctx: ModelContext, model: str) -> int:
-        return served_context_len(ctx.tokenizer.max_model_len, self.pipeline.last_worker_list, model)
+    def _context_len(self, model: str | None = None) -> int:
+        """How long a sequence of ``model`` (default: the first) may be: its config's, capped by its workers."""
+        model = model or self.config.model_name
+        return served_context_len(self._models[model].tokenizer.max_model_len, self.pipeline.last_worker_list,
+                                  model)
 
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
@@ -259,50 +280,74 @@ class FrontendService:
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
         served, target, ctx = await self._served(body or parse_chat(req.body))
-        tokenizer, context_len = ctx.tokenizer, self._context_len(ctx, target.model)
-        chat = parse_chat_request(req.body, served, ctx.parsers if body is None else None, ctx.tool_parser,
-                                  self.config.enable_auto_tool_choice)
-        check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, context_len, "messages")
+        tokenizer, context_len = ctx.tokenizer, self._context_len(target.model)
+        chat = parse_chat_request(req.body, served, self._served_models, ctx.parsers if body is None else None,
+                                  ctx.tool_parser, self.config.enable_auto_tool_choice)
+        if chat.body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
+            check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, context_len, "messages")
         prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
-        max_tokens = max_tokens_for(chat.max_tokens, len(prompt.token_ids), context_len)
-        sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools)
-        shape = shape or ResponseShape.chat(new_id("chatcmpl"), target.name)
+        token_ids = self._truncated(prompt.token_ids, chat.body)
+        max_tokens = max_tokens_for(chat.max_tokens, len(token_ids), context_len)
+        sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools,
+                                   tokenizer.encode)
+        public_id, pipeline_id = response_ids("chatcmpl", req.headers, chat.body)
+        shape = shape or ResponseShape.chat(public_id, target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
-        await self._generate(resp, shape, tuple(prompt.token_ids), sampling, stop_strings(chat.body.stop), chat.body,
-                             target, chat.answer_tools, chat.parse)
+        await self._generate(resp, shape, tuple(token_ids), sampling, chat.stop, chat.body, chat.answer_tools,
+                             chat.parse, chat_echo(chat.body, chat.messages), pipeline_id,
+                             guided_field(chat.body, chat.tools), target)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         """parse, tokenize, admit, generate, shape."""
         body, target, ctx = await self._served(parse_completion(req.body))
-        tokenizer, context_len = ctx.tokenizer, self._context_len(ctx, target.model)
+        tokenizer, context_len = ctx.tokenizer, self._context_len(target.model)
         prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
-        if isinstance(prompt, str):
+        if isinstance(prompt, str) and body.truncate_prompt_tokens is None:  # one to be truncated: any length
             check_prompt_chars(len(prompt), tokenizer.max_token_chars, context_len, "prompt")
+        if isinstance(prompt, str):
             token_ids = await self._off_loop(lambda: tokenizer.encode(prompt), len(prompt))
         else:
             token_ids = prompt
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
+        token_ids = self._truncated(token_ids, body)
         max_tokens = max_tokens_for(body.max_tokens, len(token_ids), context_len,
                                     COMPLETION_DEFAULT_MAX_TOKENS, param="prompt")
-        sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size)
-        shape = ResponseShape.completion(new_id("cmpl"), target.name)
+        sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size,
+                                   encode=tokenizer.encode)
+        public_id, pipeline_id = response_ids("cmpl", req.headers, body)
+        shape = ResponseShape.completion(public_id, target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
-        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, target)
+        echo = completion_echo(body, prompt, tuple(token_ids), tokenizer.tokenizer.decode)
+        await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, None, None, echo,
+                             pipeline_id, guided_field(body, None), target)
+
+    def _truncated(self, token_ids, body):
+        """vLLM's truncate_prompt_tokens applied to the tokenized prompt (context.truncate_prompt)."""
+        try:
+            return truncate_prompt(token_ids, body.truncate_prompt_tokens, body.truncation_side,
+                                   self._context_len(body.model))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="truncate_prompt_tokens") from exc
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
-                        stop: tuple[str, ...], body, target: Target, tools: ToolPlan | None = None,
-                        parse=None) -> None:
-        await self._check_engines(sampling, "response_format" if tools is None else "tool_choice", target.model)
+                        stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None,
+                        echo: Echo | None = None, pipeline_id: str | None = None,
+                        guided_by: str = "response_format", target: Target | None = None) -> None:
+        """``echo``: what the answer starts with; ``pipeline_id``: the graph's id when not the response's;
+        ``guided_by``: the field that asked for guided decoding (named if an engine cannot); ``target``: the
+        model and adapter the request names (default: body.model's, no adapter)."""
+        target = target or Target(body.model, "", body.model)
+        await self._check_engines(sampling, guided_by, target.model)
         if self._num_inflight >= self.config.max_inflight_requests:
             raise ApiError(503, "server is at capacity; retry shortly", code="overloaded", type_="server_error",
                            headers=((b"retry-after", b"1"),))
         self._num_inflight += 1
         try:
-            await self._models[target.model].answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse,
-                                                            target.lora_name)
+            await self._models[target.model].answers.answer(resp, shape, token_ids, sampling, stop, body, tools,
+                                                            parse, echo, pipeline_id, target.lora_name)
         finally:
             self._num_inflight -= 1
 

@@ -113,8 +113,9 @@ class ModelTokenizer:
                                   variables={**self._special, **(template_kwargs or {})})
         return ChatPrompt(text=text, token_ids=self.encode(text))
 
-    def decoder(self, prompt_ids: tuple[int, ...] | list[int] = ()) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, prompt_ids)
+    def decoder(self, prompt_ids: tuple[int, ...] | list[int] = (),
+                options: DetokenizeOptions | None = None) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, prompt_ids, options or DetokenizeOptions())
 
 
 def _model_template(model_dir: Path, tok_config: dict[str, Any]) -> str | None:
@@ -126,19 +127,38 @@ def _model_template(model_dir: Path, tok_config: dict[str, Any]) -> str | None:
     return template
 
 
+@dataclass(frozen=True, slots=True)
+class DetokenizeOptions:
+    """vLLM's per-request detokenization fields (SamplingParams of the same names)."""
+
+    skip_special_tokens: bool = True
+    # Off (with special tokens shown): two special tokens in a row join without the space between them.
+    spaces_between_special_tokens: bool = True
+    # A stop string (and a stop token's text) stays at the end of the answer.
+    include_stop_str_in_output: bool = False
+
+
 class IncrementalDetokenizer:
-    """Turns a stream of token ids into text, never emitting half a UTF-8 character.
+    """Turns a stream of token ids into text, never emitting half a UTF-8 character, as vLLM's
+    FastIncrementalDetokenizer does.
 
     Stop strings are found across chunk boundaries: text that could still be the start of a stop string is
-    held back until it is decided.
+    held back until it is decided (unless the stop string is to be kept: then nothing needs holding).
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: tuple[int, ...] | list[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: tuple[int, ...] | list[int] = (),
+                 options: DetokenizeOptions = DetokenizeOptions()) -> None:
         self._tokenizer = tokenizer
+        self.options = options
         # Primed with the prompt, as vLLM's detokenizer is: the first output token decodes in the prompt's
         # context (a word's leading space, bytes of a character the prompt began).
-        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
+        self._stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=options.skip_special_tokens)
         self._pending = ""  # decoded but held back: could be the start of a stop string
+        # Added tokens by id (their text), when spaces between special tokens are to be dropped.
+        self._added: dict[int, str] = {}
+        if not options.skip_special_tokens and not options.spaces_between_special_tokens:
+            self._added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+        self._last_special = False
 
     def feed(self, token_ids: tuple[int, ...] | list[int], stop: tuple[str, ...] = ()) -> StepText:
         tok = self._tokenizer
@@ -151,19 +171,29 @@ class IncrementalDetokenizer:
                     raise
                 # The tokenizer's output went non-monotonic (invalid UTF-8 joins): start a fresh stream at this
                 # token, as vLLM recovers.
-                self._stream = DecodeStream(skip_special_tokens=True)
+                self._stream = DecodeStream(skip_special_tokens=self.options.skip_special_tokens)
                 piece = self._stream.step(tok, token_id)
+            if self._added:
+                special = self._added.get(token_id)
+                if special is not None and self._last_special:
+                    piece = special  # its text without the space the decoder puts between added tokens
+                self._last_special = special is not None
             if piece:
                 parts.append(piece)
         text = "".join(parts)
         if not stop:
             self._pending = ""
             return StepText(text=text, stopped=False)
-        for s in stop:
-            at = text.find(s)
-            if at >= 0:
-                self._pending = ""
-                return StepText(text=text[:at], stopped=True)
+        keep = self.options.include_stop_str_in_output
+        # The stop string that completes first, ties in list order (vLLM's check_stop_strings).
+        found = [(at + len(s), i, at) for i, s in enumerate(stop) if (at := text.find(s)) >= 0]
+        if found:
+            end, _, at = min(found)
+            self._pending = ""
+            return StepText(text=text[:end] if keep else text[:at], stopped=True)
+        if keep:
+            self._pending = ""
+            return StepText(text=text, stopped=False)
         hold = _longest_stop_prefix_suffix(text, stop)
         self._pending = text[len(text) - hold:] if hold else ""
         return StepText(text=text[: len(text) - hold], stopped=False)

@@ -82,9 +82,20 @@ class ParseSession:
     _content_ids: list[int] = field(default_factory=list)
     called: bool = False
 
-    def stream(self, delta_text: str, delta_ids: list[int] | tuple[int, ...]) -> dict[str, Any] | None:
+    def stream(self, delta_text: str, delta_ids: list[int] | tuple[int, ...], finished: bool = False
+               ) -> dict[str, Any] | None:
         """One step's delta as vLLM's streaming chat sends it ({"content"}, {"reasoning"}, {"tool_calls"}), or
-        None when the parsers hold this step back."""
+        None when the parsers hold this step back. ``finished``: the choice's last step, where vLLM flushes the
+        arguments its tool parser parsed but held back."""
+        out = self._step(delta_text, delta_ids)
+        calls = out.get("tool_calls") if out else None
+        if finished and calls and self.tool is not None and "function" in calls[-1]:
+            # vLLM's Parser.finalize_generation: the last call of the last delta gets the rest of its arguments.
+            function = calls[-1]["function"]
+            function["arguments"] = function.get("arguments", "") + self.tool.get_remaining_unstreamed_args()
+        return out
+
+    def _step(self, delta_text: str, delta_ids: list[int] | tuple[int, ...]) -> dict[str, Any] | None:
         previous, previous_ids = self._text, self._token_ids
         self._text = previous + delta_text
         self._token_ids = previous_ids + list(delta_ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.outbox import OutboxLimits
 from common.protocol import Role
 from common.transport import TransportConfig
 
@@ -36,3 +37,5 @@ class WorkerConfig:
     # between the prefill and decode pools in place (SetRole; docs/architecture.md#roles).
     switchable: bool = False
     transport: TransportConfig = field(default_factory=TransportConfig)
+    # What may wait for a slow frontend, and how long it may read nothing before its requests are aborted.
+    outbox: OutboxLimits = field(default_factory=OutboxLimits)

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from common.protocol import (
     FinishReason,
+    Generate,
+    Handoff,
     KvTransferMode,
     KvTransferParams,
     SamplingParams,
@@ -50,18 +52,32 @@ KvEvent = BlocksStored | BlocksRemoved
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
+    """One request as ``Generate`` carries it. ``sampling`` is the whole request's: its budget counts every output
+    token, a hand-off's first one too (common/continuation.py: the rule both engines implement)."""
+
     request_id: str
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # the prompt (with a hand-off: the prompt the prefill worker ran)
     sampling: SamplingParams
-    # Compute the prompt, produce one token, keep the KV for a decode worker to pull.
+    # Compute the prompt, produce its first output token only, keep the KV for a decode worker to pull.
     prefill_only: bool = False
-    # Pull the prompt's KV from a prefill worker instead of computing it. token_ids is then the prompt
-    # followed by the prefill worker's first token; the engine computes only that last token.
-    kv_transfer: KvTransferParams | None = None
+    # Continue after the prefill worker's first token (emit only the tokens after it), the prompt's KV pulled
+    # from the prefill worker when the hand-off says where, else computed here.
+    handoff: Handoff | None = None
     # Another host's kvtier to load the prompt's blocks from after the own tier's (Generate.kvtier_remote).
     kvtier_remote: str = ""
     # The LoRA adapter to run with (one the engine holds); "": the base model.
     lora_name: str = ""
+
+    @property
+    def kv_transfer(self) -> KvTransferParams | None:
+        """Where the prompt's KV comes from (a hand-off's), None: computed or loaded here."""
+        return self.handoff.kv_transfer if self.handoff is not None else None
+
+    @classmethod
+    def of(cls, msg: Generate) -> EngineRequest:
+        return cls(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
+                   prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote,
+                   lora_name=msg.lora_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +95,8 @@ class EngineOutput:
     transfer_failed: bool = False
     # One per token in token_ids when the request asked for logprobs (SamplingParams.logprobs).
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # SamplingParams.prompt_logprobs: on the first output, one per prompt token after the first (Tokens').
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

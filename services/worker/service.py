@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import structlog
 import zmq
@@ -24,11 +25,10 @@ import zmq.asyncio
 
 from common.addresses import advertised_endpoint
 from common.errors import EngineError, ProtocolError
-from common.outbox import PeerOutbox
+from common.outbox import PeerOutbox, PeerStalled
 from common.protocol import (
     PROTOCOL_VERSION,
     Abort,
-    AdapterDone,
     ErrorReply,
     Generate,
     GetStats,
@@ -44,15 +44,8 @@ from common.protocol import (
     Unregister,
     WorkerInfo,
     WorkerLoad,
-    WorkerStats,
 )
-from common.router_link import (
-    EventsSocket,
-    RouterLink,
-    first_registration,
-    send_all,
-    split_endpoints,
-)
+from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
 from common.transport import Server, new_id, open_context
 from services.worker.adapters import change_adapter
 from services.worker.config import WorkerConfig
@@ -109,8 +102,10 @@ class WorkerService:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
         ctx = self._ctx = secure.ctx
-        self._server = Server(ctx, self.config.endpoint, self.config.transport, mandatory=True)
-        self._outbox = PeerOutbox(self._server, self._undelivered)
+        # Our high-water mark bounds what libzmq holds for a frontend that stopped reading (the outbox the rest).
+        self._server = Server(ctx, self.config.endpoint,
+                              replace(self.config.transport, hwm=self.config.outbox.socket_frames), mandatory=True)
+        self._outbox = PeerOutbox(self._server, self._undelivered, self.config.outbox)
         self.endpoint = advertised_endpoint(self._server.endpoint, self.config.advertise_endpoint)
         self._events_socket = EventsSocket(ctx, self.config.transport)
         if self._events is not None:
@@ -274,13 +269,11 @@ class WorkerService:
         assert self._server is not None
         # Every log line of this request, in this task, carries its id (the frontend's, the same in every process).
         structlog.contextvars.bind_contextvars(request_id=msg.request_id)
-        request = EngineRequest(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
-                                prefill_only=msg.prefill_only, kv_transfer=msg.kv_transfer,
-                                kvtier_remote=msg.kvtier_remote, lora_name=msg.lora_name)
-        if msg.kv_transfer is not None:
-            self._transfer_sources.started(msg.request_id, msg.kv_transfer.remote_engine_id)
+        request = EngineRequest.of(msg)
+        if request.kv_transfer is not None:
+            self._transfer_sources.started(msg.request_id, request.kv_transfer.remote_engine_id)
         # "prefill": the prompt only, for a decode worker elsewhere; "generate": the whole request (its KV
-        # pulled or pushed from a prefill worker when kv_transfer is set, else prefilled here).
+        # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
         started_s = time.monotonic()
         outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
@@ -295,8 +288,16 @@ class WorkerService:
                     request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
-                    logprobs=out.logprobs)
+                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
+                await self._outbox.room(identity)  # a frontend that reads slowly pauses its requests' output
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
+        except PeerStalled as exc:
+            # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.
+            outcome = "failed"
+            log.warning("requester_stalled", request_id=msg.request_id, error=str(exc),
+                        num_dropped=self._outbox.drop(identity, msg.request_id))
+            await self.engine.abort(msg.request_id)
+            self._reply(identity, ErrorReply(request_id=msg.request_id, code="requester_stalled", message=str(exc)))
         except Exception as exc:
             if self._engine_is_dead():
                 # Not this request's fault: the frontend moves it to another worker (or this one's successor).
@@ -324,14 +325,14 @@ class WorkerService:
             log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
                      num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
                      num_output_tokens=num_output_tokens,
-                     kv_transfer=msg.kv_transfer.mode if msg.kv_transfer is not None else "",
+                     kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
                      duration_ms=round((time.monotonic() - started_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
 
-    def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats | AdapterDone) -> None:
+    def _reply(self, identity: bytes, reply: Message) -> None:
         """A one-off reply, through the outbox so it follows the tokens sent before it."""
         self._outbox.put(identity, reply)
 

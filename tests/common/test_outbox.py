@@ -120,3 +120,84 @@ async def test_a_batch_over_the_cap_goes_as_its_items() -> None:
         await client.close()
         server.close()
         ctx.term()
+
+
+async def _stalled_peer(limits):
+    """A worker-side outbox and a raw "frontend" DEALER that sent one request and then reads nothing."""
+    from common.outbox import OutboxLimits  # noqa: F401  (limits is one)
+
+    ctx = zmq.asyncio.Context()
+    config = TransportConfig(hwm=4)
+    server = Server(ctx, "tcp://127.0.0.1:0", config, mandatory=True)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVHWM, 4)
+    dealer.connect(server.endpoint)
+    await dealer.send(encode(GetStats(request_id="x")))
+    identity, _ = await asyncio.wait_for(server.recv(), 5)
+    outbox = PeerOutbox(server, lambda *a: None, limits)
+    return ctx, server, dealer, identity, outbox
+
+
+BIG = tuple(range(2000))  # ~6 KB a message: the sockets' and kernel's buffers fill in a few thousand
+
+
+async def _produce(outbox: PeerOutbox, identity: bytes, rid: str, limit: int = 50_000) -> int:
+    """What a worker's request loop does: wait for room, put a token message; the number put."""
+    for n in range(limit):
+        await outbox.room(identity)
+        outbox.put(identity, Tokens(request_id=rid, token_ids=BIG))
+        await asyncio.sleep(0)  # the loop turn ends: the outbox flushes
+    return limit
+
+
+async def test_a_peer_that_stops_reading_pauses_its_producer_then_stalls_it_with_a_bounded_backlog() -> None:
+    from common.outbox import OutboxLimits, PeerStalled
+
+    limits = OutboxLimits(max_messages=64, max_bytes=256 * 1024, stall_timeout_s=0.5)
+    ctx, server, dealer, identity, outbox = await _stalled_peer(limits)
+    try:
+        with pytest.raises(PeerStalled):
+            await _produce(outbox, identity, "a")  # never returns: the peer never reads
+        num_msgs, num_bytes = outbox.backlog(identity)
+        # Held no further than a limit (one message over at most: it is counted once put).
+        assert num_msgs <= limits.max_messages and num_bytes <= limits.max_bytes + len(encode(
+            Tokens(request_id="a", token_ids=BIG)))
+        assert num_msgs > 0 and outbox.num_stalled == 1
+        # The request is aborted: its queued tokens leave the backlog.
+        assert outbox.drop(identity, "a") == num_msgs and outbox.backlog(identity) == (0, 0)
+    finally:
+        dealer.close(linger=0)
+        server.close()
+        ctx.destroy(linger=0)
+
+
+async def test_a_slow_peer_that_reads_again_gets_everything_in_order() -> None:
+    from common.outbox import OutboxLimits
+
+    limits = OutboxLimits(max_messages=64, max_bytes=256 * 1024, stall_timeout_s=30.0)
+    ctx, server, dealer, identity, outbox = await _stalled_peer(limits)
+    total = 3000
+    try:
+        producer = asyncio.get_running_loop().create_task(_produce(outbox, identity, "a", total))
+        # The producer fills the pipe and waits for room: the backlog reaches its limit, no further.
+        def full() -> bool:
+            num_msgs, num_bytes = outbox.backlog(identity)
+            return num_msgs >= limits.max_messages or num_bytes >= limits.max_bytes
+
+        for _ in range(2000):
+            await asyncio.sleep(0.005)
+            if full():
+                break
+        assert full() and not producer.done()
+        await asyncio.sleep(0.2)
+        assert full() and outbox.backlog(identity)[0] <= limits.max_messages, "the producer waited for room"
+        received = []
+        while len(received) < total:  # the frontend reads again
+            frame = decode(await asyncio.wait_for(dealer.recv(), 10))
+            received += unbatch([frame])
+        assert await asyncio.wait_for(producer, 10) == total
+        assert all(m.token_ids == BIG for m in received) and len(received) == total
+    finally:
+        dealer.close(linger=0)
+        server.close()
+        ctx.destroy(linger=0)

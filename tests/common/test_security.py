@@ -192,3 +192,22 @@ async def test_worker_talks_only_to_the_router_key_it_knows(keys, tmp_path: Path
             await asyncio.sleep(2.0)  # the impostor's link retries registration meanwhile (every <= 2 s)
             assert [e.info.worker_id for e in real.registry.workers()] == ["w"]
             assert fake.registry.workers() == []
+
+
+def test_keys_make_if_absent_keeps_a_full_set_and_remakes_a_partial_one(tmp_path: Path) -> None:
+    """compose.yaml's `keys` service reruns at every `up`: the keys running services hold must stay."""
+    from cli.cmd_tools import keys_make
+
+    services = "router,worker,kvtier,frontend"
+    out = tmp_path / "curve"
+    keys_make(out=out, if_absent=True, services=services)
+    first = (out / "router" / "router.key_secret").read_bytes()
+    assert not (out / "planner").exists()  # only the services asked for
+    keys_make(out=out, if_absent=True, services=services)
+    assert (out / "router" / "router.key_secret").read_bytes() == first
+    (out / "worker" / "worker.key_secret").unlink()  # a partial set: made again, all of it
+    keys_make(out=out, if_absent=True, services=services)
+    assert (out / "router" / "router.key_secret").read_bytes() != first
+    assert load_curve_keys(out / "worker").server_keys["router"] == load_curve_keys(out / "router").public
+    with pytest.raises(Exception, match="unknown services"):
+        keys_make(out=out, if_absent=False, services="router,nobody")

@@ -69,3 +69,33 @@ def test_request_ids_are_random_not_pid_and_counter() -> None:
     one = next(iter(ids))
     prefix, suffix = one.split("-")
     assert prefix == "cmpl" and len(suffix) == 24 and int(suffix, 16) >= 0  # 96 bits, hex
+
+
+def _fill(client: Client, request_id: str) -> None:
+    """send_nowait toward a peer that never reads (nothing bound there) until the queue to it is full."""
+    for i in range(10_000):
+        client.send_nowait(GetStats(request_id=f"{request_id}-{i}" if i else request_id))
+
+
+async def test_send_nowait_failures_surface_at_once_failing_the_stream_or_raising() -> None:
+    from cli.launcher import free_port
+    from common.protocol import ErrorReply
+
+    ctx = zmq.asyncio.Context()
+    # Nobody listens there: libzmq queues for the connection it keeps trying, up to the high-water mark.
+    client = Client(ctx, f"tcp://127.0.0.1:{free_port()}", TransportConfig(hwm=4))
+    try:
+        # No stream: the failure is raised to the caller (before: a future nobody read, and silence).
+        with pytest.raises(zmq.Again):
+            _fill(client, "plain")
+        assert client.num_send_failures == 1
+        # A stream open for the request: it gets worker_lost now, so the frontend fails it over at once instead
+        # of waiting out its idle timeout; the send itself does not raise.
+        stream = client.open_stream("r1")
+        client.send_nowait(GetStats(request_id="r1"))
+        reply = stream.get_nowait()
+        assert isinstance(reply, ErrorReply) and reply.code == "worker_lost" and client.endpoint in reply.message
+        assert client.num_send_failures == 2
+    finally:
+        await client.close()
+        ctx.destroy(linger=0)

@@ -1,4 +1,5 @@
-"""compose.yaml run for real by podman-compose: one container per service, mock engine, 1 prefill + 2 decode nodes.
+"""compose.yaml run for real by podman-compose: one container per service, mock engine, 1 prefill + 2 decode nodes,
+CURVE on every socket with the keys its one-shot `keys` service made.
 
 One image build and one compose project serve every test here (in file order); the project is always taken down,
 and anything left of it force-removed, when the module ends.
@@ -41,6 +42,8 @@ MAX_TOKENS = 200
 # The mock engine's KV block (36,864 bytes a token * 32 tokens): each kvtier's slot (compose.yaml's default is
 # the tiny model's vLLM block).
 MOCK_BLOCK_BYTES = 36864 * 32
+# compose.yaml's CURVE key volumes, one per service (the `keys` service fills them).
+KEY_VOLUMES = ("curve-router", "curve-worker", "curve-kvtier", "curve-frontend")
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,11 @@ def project(mock_image: str) -> Project:
             pytest.fail(f"graph not ready in {READY_TIMEOUT_S} s: {_health(proj.url)}\n{logs}")
         yield proj
     finally:
-        proj.compose("down", "-t", "5", timeout_s=120)
+        proj.compose("down", "-v", "-t", "5", timeout_s=120)
         remove_labelled(proj.label)
         podman("network", "rm", "-f", f"{name}_splitserve")
+        for volume in KEY_VOLUMES:
+            podman("volume", "rm", "-f", f"{name}_{volume}")
 
 
 def test_podman_compose_reads_compose_yaml_unchanged() -> None:
@@ -146,6 +151,46 @@ def test_image_runs_non_root_and_its_healthcheck_passes(project: Project) -> Non
     assert podman("exec", frontend, "test", "-e", "/run/secrets/ca_bundle").returncode != 0
 
 
+def _list_workers(proj: Project, script: str, *volumes: str) -> subprocess.CompletedProcess:
+    """A shell script in a container of its own on the compose network (a peer the graph did not start), from the
+    graph's image, with `splitserve router workers` at hand."""
+    mounts = [a for v in volumes for a in ("-v", f"{proj.name}_{v}:/etc/splitserve/curve/{v.split('-')[1]}:ro")]
+    return podman("run", "--rm", "--network", f"{proj.name}_splitserve", *mounts, "--entrypoint", "sh",
+                  proj.env["SPLITSERVE_IMAGE"], "-c", script)
+
+
+LIST = "splitserve router workers --router tcp://router:5550 --timeout-s 3"
+
+
+def test_keys_are_made_once_and_each_service_mounts_only_its_own(project: Project) -> None:
+    assert podman("inspect", project.container("keys"), "--format", "{{.State.ExitCode}}",
+                  check=True).stdout.strip() == "0"
+    listing = podman("exec", project.container("frontend"), "sh", "-c",
+                     "ls /etc/splitserve/curve/*/ && stat -c '%a %u' /etc/splitserve/curve/frontend/*.key_secret",
+                     check=True).stdout
+    assert "frontend.key_secret" in listing and "router.key_secret" not in listing and "worker.key" not in listing
+    assert "600 10001" in listing
+    # The router runs with CURVE on: its key directory is the volume's, and the allow-list names its clients.
+    clients = podman("exec", project.container("router"), "ls", "/etc/splitserve/curve/router/clients",
+                     check=True).stdout.split()
+    assert sorted(clients) == ["frontend.key", "kvtier.key", "worker.key"]
+
+
+def test_a_peer_without_an_allowed_key_is_refused_by_the_router(project: Project) -> None:
+    # No key at all: the router's CURVE handshake never completes, so no reply comes.
+    plain = _list_workers(project, LIST)
+    # A key of its own that knows the router's public key (the real one): the ZAP allow-list refuses it.
+    stranger = _list_workers(project, "splitserve keys make --out /tmp/k >/dev/null && cp "
+                             "/etc/splitserve/curve/frontend/servers/router.key /tmp/k/planner/servers/router.key && "
+                             f"{LIST} --curve-dir /tmp/k", "curve-frontend")
+    # The control: the same peer holding the frontend's key gets the answer.
+    keyed = _list_workers(project, f"{LIST} --curve-dir /etc/splitserve/curve/frontend", "curve-frontend")
+    assert keyed.returncode == 0 and "prefill-0" in keyed.stdout, keyed.stderr[-1000:]
+    for refused in (plain, stranger):
+        assert refused.returncode == 2 and "no reply from tcp://router:5550" in refused.stderr, refused.stderr[-1000:]
+        assert "prefill-0" not in refused.stdout
+
+
 def test_openai_client_streams_through_the_published_port(project: Project) -> None:
     chunks = [ch.choices[0].text for ch in project.client().completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=16, seed=1, stream=True, extra_body={"ignore_eos": True})
@@ -191,7 +236,9 @@ def test_killed_decode_container_mid_stream_the_request_finishes(project: Projec
 
 
 def test_down_leaves_no_container(project: Project) -> None:
-    down = project.compose("down", "-t", "5", timeout_s=120)
+    down = project.compose("down", "-v", "-t", "5", timeout_s=120)
     assert down.returncode == 0, down.stderr[-2000:]
     assert containers(project.label) == []
     assert podman("network", "exists", f"{project.name}_splitserve").returncode != 0
+    # `down -v`: the keys go with the project (a plain `down` keeps them for the next `up`).
+    assert all(podman("volume", "exists", f"{project.name}_{v}").returncode != 0 for v in KEY_VOLUMES)

@@ -23,6 +23,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -172,8 +174,16 @@ def for_kube_play(docs: list[dict], image: str, port: int, keys: Path) -> list[d
     return out
 
 
+@dataclass(frozen=True)
+class Played:
+    url: str  # the frontend pod's published port
+    network: str  # the pods' podman network
+    keys: Path  # the Secret's files as mounted (one directory per service)
+    image: str
+
+
 @pytest.fixture(scope="module")
-def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
+def played(mock_image: str, keys: Path, tmp_path_factory) -> Played:
     tag = f"sskube{os.getpid()}"
     port = free_port()
     # The Secret's layout on disk, as the pods' user (10001) would get it: each service's own directory of `keys
@@ -202,7 +212,7 @@ def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
                     podman("ps", "-a", "--filter", "label=app.kubernetes.io/name=splitserve", "--format",
                            "{{.Names}}").stdout.split()}
             pytest.fail(f"frontend pod not healthy in {READY_TIMEOUT_S} s: {http_get(url + '/health')}\n{logs}")
-        yield url
+        yield Played(url, network, mounted, mock_image)
     finally:
         podman("kube", "down", str(play), timeout_s=120)
         podman("network", "rm", "-f", network)
@@ -211,14 +221,14 @@ def played(mock_image: str, keys: Path, tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
-def test_kube_play_serves_a_request_through_the_frontend_pod(played: str) -> None:
+def test_kube_play_serves_a_request_through_the_frontend_pod(played: Played) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=played + "/v1", api_key="unused", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=played.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     out = client.completions.create(model="tiny", prompt="hello kubernetes", max_tokens=12,
                                     extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 12 and out.choices[0].text
-    status, body = http_get(played + "/health")
+    status, body = http_get(played.url + "/health")
     health = json.loads(body)
     assert status == 200 and health["num_prefill_workers"] == 1 and health["num_decode_workers"] == 1
     # The pods run as the manifests say: non-root, with the CURVE keys from the Secret mounted read-only.
@@ -227,6 +237,26 @@ def test_kube_play_serves_a_request_through_the_frontend_pod(played: str) -> Non
     listing = podman("exec", decode, "ls", "/etc/splitserve/curve/worker", "/etc/splitserve/curve/worker/clients",
                      check=True).stdout
     assert "worker.key_secret" in listing and "frontend.key" in listing
+
+
+@pytest.mark.slow
+def test_kube_play_router_refuses_a_peer_without_an_allowed_key(played: Played) -> None:
+    """A container the manifests did not start, on the pods' network, asks the router for its workers: without a
+    key, and with a key of its own that knows the router's public key, no answer comes; with the frontend's key
+    from the Secret (the control) the registry comes back."""
+    listing = "splitserve router workers --router tcp://splitserve-router-pod-0:5550 --timeout-s 3"
+
+    def peer(script: str) -> subprocess.CompletedProcess:
+        return podman("run", "--rm", "--network", played.network, "-v", f"{played.keys / 'frontend'}:/frontend:ro",
+                      "--entrypoint", "sh", played.image, "-c", script)
+
+    keyed = peer(f"{listing} --curve-dir /frontend")
+    assert keyed.returncode == 0 and "splitserve-decode-pod-0" in keyed.stdout, keyed.stderr[-1500:]
+    plain = peer(listing)
+    stranger = peer("splitserve keys make --out /tmp/k >/dev/null && cp /frontend/servers/router.key "
+                    f"/tmp/k/planner/servers/router.key && {listing} --curve-dir /tmp/k")
+    for refused in (plain, stranger):
+        assert refused.returncode == 2 and "no reply" in refused.stderr, refused.stderr[-1500:]
 
 
 def test_load_docs_reads_every_file(keys: Path) -> None:

@@ -63,6 +63,35 @@ def pd(tmp_path) -> Graph:
     graph.stop()
 
 
+@pytest.fixture()
+def pd2(tmp_path) -> Graph:
+    graph = start_graph(tmp_path, "--engine", "mock", "--prefill", "1", "--decode", "2", "--mock-speedup", "10",
+                        "--num-blocks", "512", "--no-kvtier")
+    yield graph
+    graph.stop()
+
+
+def test_killed_decode_worker_mid_stream_resumes_after_a_new_handoff(pd2: Graph) -> None:
+    """P/D: the request resumes from what was streamed (a prompt no decode worker holds then: prefilled remotely
+    again and handed off a second time, its budget what is left); the client sees the one answer."""
+    prompt = [900 + i for i in range(600)]  # long: a remote prefill, the first time and after the move
+    chunks, done, thread = stream_in_background(pd2, prompt, max_tokens=300, seed=6)
+    assert wait_until(lambda: len(chunks) > 30, timeout_s=10)
+    stats = worker_stats(pd2.router)
+    busy = [w for w, s in stats.items() if w.startswith("decode") and s.load.num_running > 0]
+    assert len(busy) == 1
+    os.kill(child_pid(pd2, f"--worker-id {busy[0]}"), signal.SIGKILL)
+    assert done.wait(30), "the stream never finished"
+    thread.join()
+    after = worker_stats(pd2.router)
+    # One more pull in all, on the survivor or on the killed worker's restart: the resumed prompt's hand-off.
+    pulls = sum(s.num_transfers for w, s in after.items() if w.startswith("decode"))
+    assert pulls - sum(s.num_transfers for w, s in stats.items() if w.startswith("decode") and w not in busy) == 1
+    reference = client(pd2).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=6,
+                                               extra_body={"ignore_eos": True})
+    assert "".join(chunks) == reference.choices[0].text and reference.usage.completion_tokens == 300
+
+
 def test_killed_router_streams_continue_and_service_recovers(pd: Graph) -> None:
     prompt = [300 + i for i in range(400)]
     reference = client(pd).completions.create(model=MODEL, prompt=prompt, max_tokens=300, seed=9,

@@ -26,6 +26,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")]
 MODEL = "tiny"
 PARSER_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+# The structured-outputs engine setting splitserve's vLLM workers run with (no free whitespace in JSON grammars:
+# docs/api.md), given to vLLM's server too.
+STRUCTURED_ARGS = ("--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
 WORDS = ("queue socket block cache prefill decode router worker engine token model kernel Zürich naïve 東京 "
          "🙂 <b> & \"quoted\"").split()
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & later",
@@ -104,7 +107,62 @@ def _cases() -> dict[str, tuple[str, dict]]:
         cases[f"stream-completion-{i}"] = ("/v1/completions", {"prompt": text(6 + i), "max_tokens": 6,
                                                                "stream": True,
                                                                "stream_options": {"include_usage": True}})
+    cases.update(_field_cases(text))
     return cases
+
+
+def _field_cases(text) -> dict[str, tuple[str, dict | None]]:
+    """vLLM's extra request fields and endpoints (``fields-*``): each compared field by field."""
+    chat, completions = "/v1/chat/completions", "/v1/completions"
+    user = {"messages": [{"role": "user", "content": text(6)}], "max_tokens": 6}
+    special = {"logit_bias": {"1": 100}, "ignore_eos": True, "max_tokens": 4}  # <|im_start|> every step
+    grammar = 'root ::= "ab" tail\ntail ::= "c" | "d" tail'
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+              "required": ["city", "days"]}
+    fields: dict[str, tuple[str, dict | None]] = {
+        "skip-special-off": (chat, {**user, **special, "skip_special_tokens": False}),
+        "no-spaces-between-special": (chat, {**user, **special, "skip_special_tokens": False,
+                                             "spaces_between_special_tokens": False}),
+        "skip-special-on": (chat, {**user, **special}),
+        "include-stop-str": (chat, {**user, "max_tokens": 12, "stop": [" the", "e"],
+                                    "include_stop_str_in_output": True}),
+        "include-stop-eos": (chat, {**user, "logit_bias": {"2": 100}, "skip_special_tokens": False,
+                                    "include_stop_str_in_output": True}),
+        "truncate-left": (chat, {"messages": [{"role": "user", "content": text(60)}], "max_tokens": 5,
+                                 "truncate_prompt_tokens": 24}),
+        "truncate-right": (completions, {"prompt": text(30), "max_tokens": 5, "truncate_prompt_tokens": 7,
+                                         "truncation_side": "right"}),
+        "allowed-token-ids": (chat, {**user, "allowed_token_ids": [1893, 1406, 1617, 1410, 297, 71, 271]}),
+        "bad-words": (chat, {**user, "max_tokens": 10, "bad_words": ["e", " a", "the", "queue"]}),
+        "so-regex": (chat, {**user, "structured_outputs": {"regex": "[a-c]{2,5}( [0-9]+)?"}}),
+        "so-choice": (chat, {**user, "structured_outputs": {"choice": ["yes", "no", "maybe later"]}}),
+        "so-grammar": (completions, {"prompt": text(5), "max_tokens": 8,
+                                     "structured_outputs": {"grammar": grammar}}),
+        "so-json": (chat, {**user, "max_tokens": 16, "structured_outputs": {"json": schema}}),
+        "so-json-object-completion": (completions, {"prompt": text(5), "max_tokens": 8,
+                                                    "response_format": {"type": "json_object"}}),
+        "echo-completion": (completions, {"prompt": text(5), "max_tokens": 4, "echo": True}),
+        "echo-logprobs": (completions, {"prompt": text(5), "max_tokens": 4, "echo": True, "logprobs": 2}),
+        "echo-stream": (completions, {"prompt": text(5), "max_tokens": 4, "echo": True, "stream": True}),
+        "echo-chat": (chat, {"messages": [{"role": "user", "content": text(4)},
+                                          {"role": "assistant", "content": "The " + text(2)}],
+                             "add_generation_prompt": False, "continue_final_message": True, "echo": True,
+                             "max_tokens": 4}),
+        "prompt-logprobs-completion": (completions, {"prompt": text(6), "max_tokens": 3, "prompt_logprobs": 2}),
+        "prompt-logprobs-chat": (chat, {**user, "max_tokens": 3, "prompt_logprobs": 1}),
+        "logprobs-completion": (completions, {"prompt": text(6), "max_tokens": 4, "logprobs": 2}),
+        "logprobs-chat": (chat, {**user, "max_tokens": 4, "logprobs": True, "top_logprobs": 2}),
+        "stream-include-stop": (chat, {**user, "max_tokens": 12, "stop": ["e"], "include_stop_str_in_output": True,
+                                       "stream": True}),
+        "request-id-header": (chat, {**user, "max_tokens": 2, "headers": {"X-Request-Id": "parity-28"}}),
+        "request-id-body": (completions, {"prompt": text(3), "max_tokens": 2, "request_id": "parity-body"}),
+        "tokenize-prompt": ("/tokenize", {"prompt": text(8), "return_token_strs": True}),
+        "tokenize-chat": ("/tokenize", {"messages": [{"role": "user", "content": text(5)}], "tools": [WEATHER]}),
+        "detokenize": ("/detokenize", {"tokens": [1, 1893, 1406, 297, 2]}),
+        "version": ("/version", None),
+        "ping": ("/ping", None),
+    }
+    return {f"fields-{name}": case for name, case in fields.items()}
 
 
 CASES = _cases()
@@ -115,8 +173,13 @@ KNOWN_DIFFERENCES = {
 
 
 # 1 prefill + 1 decode beside vLLM's server: three engines on two cores, so a third of the cases (every
-# kind among them) rather than all; every prompt is prefilled remotely (--local-prefill-max-tokens 1).
-PD_CASES = [name for i, name in enumerate(CASES) if i % 3 == 0 or name.startswith(("tool", "stream"))]
+# kind among them) rather than all; every prompt is prefilled remotely (--local-prefill-max-tokens 1), and the
+# fields that reach the engines (sampling, structured outputs, prompt logprobs, detokenization) all.
+PD_FIELDS = ("skip-special-off", "include-stop-eos", "truncate-left", "allowed-token-ids", "bad-words", "so-regex",
+             "so-choice", "so-grammar", "so-json", "echo-logprobs", "prompt-logprobs-completion",
+             "prompt-logprobs-chat", "logprobs-chat", "stream-include-stop", "request-id-header")
+PD_CASES = [name for i, name in enumerate(CASES) if i % 3 == 0 and not name.startswith("fields-")
+            or name.startswith(("tool", "stream")) or name.removeprefix("fields-") in PD_FIELDS]
 GRAPHS = {"aggregated": ("--aggregated", "1"),
           "pd": ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "1")}
 
@@ -131,7 +194,7 @@ def reference(log_dir):
     """vLLM's own server, started once (and not waited for here: a graph starts beside it)."""
     cores = sorted(os.sched_getaffinity(0))
     server = start_vllm_server(log_dir, tiny_model_dir(), "--chat-template", str(write_tools_template(log_dir)),
-                               *PARSER_ARGS, core=cores[-1], served_name=MODEL)
+                               *PARSER_ARGS, *STRUCTURED_ARGS, core=cores[-1], served_name=MODEL)
     yield server
     server.stop()
 
@@ -164,26 +227,35 @@ def pd(reference, log_dir):
     graph.stop()
 
 
-def ask(client: httpx.Client, url: str, path: str, body: dict) -> dict:
-    """The answer reduced to what must be equal (ids and timestamps differ by nature)."""
+def ask(client: httpx.Client, url: str, path: str, body: dict | None) -> dict:
+    """The answer reduced to what must be equal (ids and timestamps differ by nature, unless the client chose
+    the id)."""
+    if not path.startswith("/v1/"):  # vLLM's utility endpoints: the whole answer
+        reply = client.get(url + path) if body is None else client.post(url + path, json={"model": MODEL, **body})
+        return {"status": reply.status_code, "body": reply.json() if reply.content else None}
     body = {"model": MODEL, "temperature": 0, **body}
+    headers = body.pop("headers", {})
     if not body.get("stream"):
-        reply = client.post(url + path, json=body)
+        reply = client.post(url + path, json=body, headers=headers)
         out = reply.json()
         if reply.status_code != 200:
             return {"status": reply.status_code}
         choices = [{"finish_reason": c["finish_reason"], "text": c.get("text"),
                     "content": (c.get("message") or {}).get("content"),
                     "tool_calls": [(t["function"]["name"], json.loads(t["function"]["arguments"]))
-                                   for t in (c.get("message") or {}).get("tool_calls") or []]}
+                                   for t in (c.get("message") or {}).get("tool_calls") or []],
+                    "logprobs": c.get("logprobs"), "prompt_logprobs": c.get("prompt_logprobs")}
                    for c in out["choices"]]
         usage = {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-        return {"status": 200, "choices": choices, "usage": usage}
+        answer = {"status": 200, "choices": choices, "usage": usage, "prompt_logprobs": out.get("prompt_logprobs")}
+        if headers or "request_id" in body:
+            answer["id"] = out["id"]
+        return answer
     texts: dict[int, str] = {}
     finish: dict[int, str] = {}
     args: dict[int, str] = {}
     usage = None
-    with client.stream("POST", url + path, json=body) as reply:
+    with client.stream("POST", url + path, json=body, headers=headers) as reply:
         if reply.status_code != 200:
             return {"status": reply.status_code}
         for line in reply.iter_lines():
@@ -216,7 +288,29 @@ def check(reference_url: str, splitserve_url: str, client: httpx.Client, name: s
         assert (expected["status"], got["status"]) == (400, 200), KNOWN_DIFFERENCES[name]
         return
     assert expected["status"] == 200, f"vLLM refused {name}: {expected}"
-    assert got == expected
+    got, expected = _rounded(got), _rounded(expected)
+    assert got == expected, "\n".join(_differences(got, expected))
+
+
+def _differences(got, expected, at: str = "") -> list[str]:
+    """Each leaf where splitserve's answer differs from vLLM's, by path (pytest's own diff cuts nested ones)."""
+    if isinstance(got, dict) and isinstance(expected, dict):
+        return [d for k in sorted(got.keys() | expected.keys(), key=str)
+                for d in _differences(got.get(k, "<absent>"), expected.get(k, "<absent>"), f"{at}.{k}")]
+    if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
+        return [d for i, (a, b) in enumerate(zip(got, expected)) for d in _differences(a, b, f"{at}[{i}]")]
+    return [] if got == expected else [f"{at}: splitserve {got!r} vLLM {expected!r}"]
+
+
+def _rounded(value):
+    """Logprobs compared to 3 decimals (the two servers' fp32 sums may differ in the last bits)."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from common.errors import SplitserveError
-from common.protocol import KvTransferParams, SamplingParams
+from common.protocol import Handoff, SamplingParams
 from services.worker.engine import EngineRequest
 from services.worker.engines.vllm.config import VllmEngineConfig
 from services.worker.engines.vllm.engine import VllmEngine
@@ -31,13 +31,13 @@ def _answer(obj: dict[str, Any]) -> None:
 
 
 async def _generate(engine: VllmEngine, cmd: dict[str, Any]) -> dict[str, Any]:
-    kv = cmd.get("kv_transfer")
+    handoff = cmd.get("handoff")
     request = EngineRequest(
         request_id=cmd["request_id"],
         token_ids=tuple(cmd["token_ids"]),
         sampling=msgspec.convert(cmd.get("sampling", {}), SamplingParams),
         prefill_only=bool(cmd.get("prefill_only", False)),
-        kv_transfer=msgspec.convert(kv, KvTransferParams) if kv else None,
+        handoff=msgspec.convert(handoff, Handoff) if handoff else None,
     )
     token_ids: list[int] = []
     async for out in engine.generate(request):

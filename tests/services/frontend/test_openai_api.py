@@ -29,7 +29,9 @@ HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens"
             "stop", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
             "ignore_eos", "min_tokens", "repetition_penalty", "stop_token_ids", "logprobs", "top_logprobs",
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "top_k", "min_p",
-            "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
+            "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "echo", "allowed_token_ids",
+            "bad_words", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+            "truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "structured_outputs", "request_id"}
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -59,7 +61,7 @@ def test_every_declared_field_is_honoured_refused_or_without_effect(request_type
     assert declared - HONOURED - set(UNSUPPORTED) - set(_NO_EFFECT) == set()
 
 
-@pytest.mark.parametrize("field", ["guided_json", "top_a", "structured_outputs", "use_beam_search"])
+@pytest.mark.parametrize("field", ["guided_json", "top_a", "logprob_token_ids", "use_beam_search"])
 def test_unknown_fields_are_refused_by_name(field: str) -> None:
     error = refused({field: 1})
     assert error.param == field and field in error.message and error.code == "unsupported_field"
@@ -107,7 +109,7 @@ def test_refused_with_the_field_named(fields: dict, param: str) -> None:
     assert refused(fields).param == param
 
 
-@pytest.mark.parametrize(("fields", "param"), [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
+@pytest.mark.parametrize(("fields", "param"), [({"suffix": "x"}, "suffix"),
                                                ({"logprobs": 21}, "logprobs"), ({"top_logprobs": 1}, "top_logprobs")])
 def test_completion_refusals(fields: dict, param: str) -> None:
     assert refused(fields, completion=True).param == param

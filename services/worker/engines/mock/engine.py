@@ -5,8 +5,8 @@ sequence's next token, update, and push one output per request to its queue. Tok
 of the sequence so far and the request's seed (``tokens``), so a disaggregated run (prefill worker makes token 1, decode
 worker continues from prompt + token 1) yields the same tokens as an aggregated one.
 
-``max_tokens`` counts the tokens this engine emits for the request. A ``kv_transfer`` request's token_ids
-already end with the prefill worker's token, so the caller passes the remaining budget.
+A hand-off is served as its continuation (``admission.as_continuation``): the prefill's first token joins the
+prompt and counts off the budget, and is the one token of the prompt a pulled request computes.
 
 Collaborators beside it: ``config``, ``admission`` (request checks), ``tokens``, ``tier`` (a shared KV tier),
 ``block_manager`` and ``scheduler``.
@@ -26,7 +26,7 @@ from common.errors import EngineError
 from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
 from services.worker.engines.mock.adapters import AdapterNames
-from services.worker.engines.mock.admission import seq_spec
+from services.worker.engines.mock.admission import as_continuation, seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.nixl_transfers import NixlTransfers
@@ -111,6 +111,7 @@ class MockEngine(AdapterNames):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self._check_serving()
         check_supported(request.request_id, request.sampling)
+        request = as_continuation(request)
         spec = seq_spec(request, self.max_model_len, self._blocks, self.config.kv_transfer, self._adapter_names)
         request_id = request.request_id
         if self._tier is not None and request.kv_transfer is None and request_id not in self._live \
@@ -322,18 +323,10 @@ class MockEngine(AdapterNames):
                     kv_transfer = self._nixl.hold(output.seq_id, live.request.token_ids, output.block_ids,
                                                   kv_transfer)
         transfer_failed, live.transfer_failed = live.transfer_failed, False
-        live.queue.put_nowait(
-            EngineOutput(
-                request_id=output.seq_id,
-                token_ids=(output.token_id,),
-                finish_reason=output.finish_reason,
-                num_prompt_tokens=len(live.request.token_ids),
-                num_cached_tokens=output.num_cached_tokens,
-                kv_transfer=kv_transfer,
-                transfer_failed=transfer_failed,
-                logprobs=logprobs,
-            )
-        )
+        live.queue.put_nowait(EngineOutput(
+            request_id=output.seq_id, token_ids=(output.token_id,), finish_reason=output.finish_reason,
+            num_prompt_tokens=len(live.request.token_ids), num_cached_tokens=output.num_cached_tokens,
+            kv_transfer=kv_transfer, transfer_failed=transfer_failed, logprobs=logprobs))
 
     # -------------------------------------------------------------------------------------- transfers
 

@@ -6,8 +6,9 @@ are masked until ``min_tokens`` outputs exist (as vLLM does). The winner is a pu
 the seed and the request's controls, so disaggregated and aggregated runs still agree token for token.
 
 top_k and min_p are honoured as they are: the mock's winner is its distribution's likeliest token, which both
-keep. Penalties and structured outputs need a real model's distribution: the mock refuses them (``EngineError``;
-the frontend answers such requests with a 400 before they reach a mock worker).
+keep. Penalties, structured outputs, allowed_token_ids, bad_words and prompt logprobs need a real model's
+distribution: the mock refuses them (``EngineError``; the frontend answers such requests with a 400 before they
+reach a mock worker).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def unsupported(sampling: SamplingParams) -> str | None:
         return "repetition_penalty"
     if sampling.structured is not None:
         return "response_format"
+    if sampling.allowed_token_ids:
+        return "allowed_token_ids"
+    if sampling.bad_words_token_ids:
+        return "bad_words"
+    if sampling.prompt_logprobs is not None:
+        return "prompt_logprobs"
     return None
 
 

@@ -4,11 +4,12 @@ P/D mechanism (vLLM 0.32 NixlConnector, pull mode):
 - prefill: the prompt with ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode": True}``. vLLM keeps
   the prompt's blocks after the request finishes (for ``kv_lease_duration`` s, default 30) and returns where
   they live; we type that as ``KvTransferParams``.
-- decode: our contract sends prompt + first token. The connector sizes the pull by the request's prompt
-  length and asserts the local block count does not exceed the remote one, so a prompt one token longer
-  breaks whenever the prompt fills its last block. We therefore give vLLM the *prefill's* prompt with
-  ``do_remote_prefill``: it pulls every prompt block, recomputes the last prompt position for logits, and a
-  logits processor (``vllm_first_token``) forces that step to the prefill's first token, which we drop.
+- decode: a hand-off (common/continuation.py) carries the prefill's prompt and the first token. The connector
+  sizes the pull by the request's prompt length and asserts the local block count does not exceed the remote
+  one, so a prompt one token longer would break whenever the prompt fills its last block. vLLM gets the
+  *prefill's* prompt with ``do_remote_prefill``: it pulls every prompt block, recomputes the last prompt
+  position for logits, and a logits processor (``first_token``) forces that step to the prefill's first token,
+  which ``ForcedFirst`` drops.
 - a failed pull is recomputed locally (``kv_load_failure_policy="recompute"``).
 - push (``kv_transfer="push"``, vLLM's NixlPushConnector): the same two requests in the same order. The decode
   engine allocates the prompt's blocks when it admits the request and registers them with the prefill engine
@@ -34,6 +35,7 @@ import zmq
 import zmq.asyncio
 
 from common.addresses import nixl_advertise_host
+from common.continuation import ForcedFirst
 from common.errors import EngineError
 from common.protocol import FinishReason, WorkerLoad
 from common.tiny_model import ModelInfo, validate_model_dir
@@ -41,6 +43,7 @@ from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
 from services.worker.engines.vllm.params import (
     decode_kv_params,
     kv_params_from_vllm,
+    prompt_logprobs,
     to_vllm_sampling,
     token_logprobs,
 )
@@ -270,13 +273,13 @@ class VllmEngine(VllmAdapters):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         llm = self._require_started()
         params, forced_token = to_vllm_sampling(request, self.model_info)
-        prompt_ids = list(request.token_ids[:-1] if forced_token is not None else request.token_ids)
+        prompt_ids = list(request.token_ids)  # a hand-off's too: the prefill's prompt, so its blocks pull whole
         if request.kv_transfer is not None:
             params.extra_args["kv_transfer_params"] = decode_kv_params(request.kv_transfer, self.config.kv_transfer)
         elif request.kvtier_remote:  # read by our kvtier connector
             params.extra_args["kv_transfer_params"] = {"kvtier_remote": request.kvtier_remote}
         failures_before = self._stats.num_transfer_failures
-        skip_first = forced_token is not None
+        forced = ForcedFirst(request.request_id, forced_token) if forced_token is not None else None
         num_top, lora = request.sampling.logprobs or 0, self.lora_request(request.lora_name)
         self._in_flight.add(request.request_id)
         try:
@@ -285,22 +288,19 @@ class VllmEngine(VllmAdapters):
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
                 logprobs = token_logprobs(token_ids, completion.logprobs, num_top)
-                if skip_first and token_ids:
-                    if token_ids[0] != forced_token:
-                        raise EngineError(
-                            f"{request.request_id}: decode engine produced {token_ids[0]} where the prefill "
-                            f"token {forced_token} was forced"
-                        )
-                    # The forced token's logprobs are the prefill worker's (already sent): drop ours with it.
-                    token_ids, logprobs, skip_first = token_ids[1:], logprobs[1:], False
+                if forced is not None:  # the forced token and its logprobs: the prefill worker sent both
+                    token_ids, logprobs = forced.emitted(token_ids, logprobs)
+                # Asked for (never on a decode side that pulled the KV: params.py), on the first output only.
+                scored = prompt_logprobs(prompt_ids, out.prompt_logprobs) if out.prompt_logprobs else ()
                 if not out.finished:
                     if token_ids:
                         # Every output carries the prefix-cache hit: the frontend reads it off the first one.
                         yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
-                                           num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs)
+                                           num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs,
+                                           prompt_logprobs=scored)
                     continue
                 final = self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
-                yield dataclasses.replace(final, logprobs=logprobs)
+                yield dataclasses.replace(final, logprobs=logprobs, prompt_logprobs=scored)
         finally:
             self._in_flight.discard(request.request_id)
 

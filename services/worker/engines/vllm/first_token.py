@@ -1,6 +1,7 @@
 """A vLLM logits processor that forces a request's first output token.
 
-Why: in disaggregated serving the prefill worker has already produced (and streamed) the first token. The
+Why: in disaggregated serving the prefill worker has already produced (and streamed) the first token, and the
+decode request is its hand-off (common/continuation.py: the rule; ``ForcedFirst`` drops the forced token). The
 decode engine is given the *same* prompt as the prefill engine, so vLLM's NixlConnector pulls exactly the
 blocks the prefill engine holds and recomputes only the last prompt position, whose logits pick the first
 token again. Forcing that pick to the prefill worker's token keeps the decode continuation conditioned on
@@ -53,12 +54,20 @@ class ForceFirstToken(LogitsProcessor):
         return int(token_id), output_ids
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        # vLLM calls this and ``apply`` every step for the whole batch (the processor is not argmax-invariant):
+        # a step with no row forced and no batch change returns at once.
+        if batch_update is None and not self._forced:
+            return
         process_dict_updates(self._forced, batch_update, self._new_state)
+        if not self._forced:
+            return
         # Once the first token exists the request samples normally.
         for row in [row for row, (_, out) in self._forced.items() if len(out) > 0]:
             del self._forced[row]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._forced:
+            return logits
         for row, (token_id, _) in self._forced.items():
             if row >= logits.shape[0]:
                 continue  # the row is not sampled this step (e.g. still prefilling in chunks)

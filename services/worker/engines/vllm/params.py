@@ -8,6 +8,7 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+from common.continuation import prefill_sampling
 from common.errors import EngineError
 from common.protocol import (
     KvTransferMode,
@@ -23,34 +24,25 @@ from services.worker.engines.vllm.first_token import FORCED_TOKEN_KEY
 def to_vllm_sampling(
     request: EngineRequest, model: ModelInfo | None
 ) -> tuple[VllmSamplingParams, int | None]:
-    """vLLM sampling params for a request, and the first token to force (decode requests) or None."""
-    sampling = request.sampling
+    """vLLM sampling params for a request, and the first token to force (a hand-off's) or None.
+
+    A hand-off keeps the request's budget as sent: the forced first token is one of its output tokens, and the
+    engine drops it from what it emits (common/continuation.py, ``ForcedFirst``)."""
+    sampling = prefill_sampling(request.sampling) if request.prefill_only else request.sampling
     stop_ids = set(sampling.stop_token_ids)
     if not sampling.ignore_eos and model is not None:
         stop_ids.update(model.eos_token_ids)
     extra_args: dict[str, Any] = {}
     forced_token: int | None = None
-    max_tokens = sampling.max_tokens
     if request.prefill_only:
-        max_tokens = 1
         extra_args["kv_transfer_params"] = {"do_remote_decode": True}
-    elif request.kv_transfer is not None:
-        if len(request.token_ids) < 2:
-            raise EngineError(f"{request.request_id}: a decode request needs the prompt plus the first token")
-        # The engine contract: max_tokens counts the tokens emitted after the first. vLLM re-runs the last
-        # prompt position and samples the (forced, dropped) first token again, so that step is one more.
-        forced_token = request.token_ids[-1]
-        max_tokens = sampling.max_tokens + 1
+    elif request.handoff is not None:
+        forced_token = request.handoff.first_token_id
         extra_args[FORCED_TOKEN_KEY] = forced_token
-    # min_tokens counts output tokens like max_tokens does: the forced first token is one more of them here,
-    # and a prefill-only request emits one token (vLLM refuses min_tokens > max_tokens).
-    min_tokens = sampling.min_tokens
-    if forced_token is not None and min_tokens > 0:
-        min_tokens += 1
     try:
         params = VllmSamplingParams(
-            max_tokens=max_tokens,
-            min_tokens=min(min_tokens, max_tokens),
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
@@ -61,6 +53,9 @@ def to_vllm_sampling(
             repetition_penalty=sampling.repetition_penalty,
             logit_bias=dict(sampling.logit_bias) or None,
             logprobs=sampling.logprobs,
+            # The engine that computes the prompt scores it: a decode engine that pulled the KV never did.
+            prompt_logprobs=None if request.kv_transfer is not None else sampling.prompt_logprobs,
+            allowed_token_ids=list(sampling.allowed_token_ids) or None,
             structured_outputs=_structured(sampling.structured),
             ignore_eos=sampling.ignore_eos,
             stop_token_ids=sorted(stop_ids),
@@ -70,19 +65,33 @@ def to_vllm_sampling(
         )
     except (ValueError, VLLMValidationError) as exc:  # vLLM's own checks of the values
         raise EngineError(f"{request.request_id}: sampling parameters refused by vLLM: {exc}") from exc
+    if sampling.bad_words_token_ids:
+        # Tokenized by the frontend exactly as SamplingParams.update_from_tokenizer does (bad_words stays empty,
+        # so the engine's own pass leaves these alone): workers need no tokenizer for it.
+        params._bad_words_token_ids = [list(ids) for ids in sampling.bad_words_token_ids]
     return params, forced_token
 
 
 def _structured(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
-    """vLLM's guided decoding for a JSON schema or any JSON object. The prefill and the decode side of one
+    """vLLM's guided decoding (one constraint of each kind vLLM has). The prefill and the decode side of one
     request get the same grammar: the prefill's (forced) first token is then a valid first step for the
     decode engine's grammar, which advances over it as over any sampled token."""
     if structured is None:
         return None
-    # Whitespace: the engine's StructuredOutputsConfig decides (vLLM reads it there, not per request).
+    options: dict[str, Any] = {"disable_any_whitespace": structured.disable_any_whitespace,
+                               "disable_additional_properties": structured.disable_additional_properties,
+                               "whitespace_pattern": structured.whitespace_pattern or None}
     if structured.json_schema:
-        return StructuredOutputsParams(json=structured.json_schema)
-    return StructuredOutputsParams(json_object=True)
+        return StructuredOutputsParams(json=structured.json_schema, **options)
+    if structured.regex:
+        return StructuredOutputsParams(regex=structured.regex, **options)
+    if structured.choice:
+        return StructuredOutputsParams(choice=list(structured.choice), **options)
+    if structured.grammar:
+        return StructuredOutputsParams(grammar=structured.grammar, **options)
+    if structured.structural_tag:
+        return StructuredOutputsParams(structural_tag=structured.structural_tag, **options)
+    return StructuredOutputsParams(json_object=True, **options)
 
 
 def token_logprobs(token_ids: tuple[int, ...], positions: Any, num_top: int) -> tuple[TokenLogprobs, ...]:
@@ -98,6 +107,21 @@ def token_logprobs(token_ids: tuple[int, ...], positions: Any, num_top: int) -> 
                       if lp.rank is not None and lp.rank <= num_top), key=lambda pair: -pair[1])[:num_top]
         out.append(TokenLogprobs(token_id=token_id, logprob=float(sampled.logprob) if sampled else float("nan"),
                                  top=tuple(top)))
+    return tuple(out)
+
+
+def prompt_logprobs(prompt_ids: list[int], positions: Any) -> tuple[TokenLogprobs, ...]:
+    """Our prompt logprobs from vLLM's RequestOutput.prompt_logprobs (None for the first position, then
+    {token id: Logprob}: the prompt's own token at its rank and the alternatives ranked 1..N). ``top`` holds
+    the alternatives in rank order (the i-th has rank i + 1), the own token's rank is ``rank``."""
+    out = []
+    for token_id, position in zip(prompt_ids[1:], positions[1:], strict=False):
+        own = position.get(token_id)
+        own_rank = int(own.rank) if own is not None and own.rank is not None else 0
+        ranked = sorted((int(lp.rank or 0), tid, float(lp.logprob)) for tid, lp in position.items()
+                        if tid != token_id or own_rank <= len(position))
+        out.append(TokenLogprobs(token_id=token_id, logprob=float(own.logprob) if own else float("nan"),
+                                 top=tuple((tid, lp) for _, tid, lp in ranked), rank=own_rank))
     return tuple(out)
 
 

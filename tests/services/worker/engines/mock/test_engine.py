@@ -10,13 +10,14 @@ import pytest
 
 from common.errors import EngineError
 from common.hashing import block_hashes
-from common.protocol import KvTransferParams, SamplingParams
+from common.protocol import Handoff, KvTransferParams, SamplingParams
 from common.timing import TimingModel
 from services.worker.engine import Engine, EngineOutput, EngineRequest
 from services.worker.engines.mock.block_manager import BlocksStored
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.engines.mock.tokens import next_token_id
+from tests.services.worker.handoff_contract import Outcome, check_handoff
 
 FAST = TimingModel(speedup=math.inf)
 PROMPT = tuple(range(100, 137))  # 37 tokens: 2 full blocks of 16 and a partial one
@@ -79,6 +80,24 @@ async def test_tokens_are_deterministic_per_prompt_and_seed(engine: MockEngine) 
     assert first == expected[len(PROMPT):]
 
 
+def _runner(engine: MockEngine):
+    async def run(request: EngineRequest) -> Outcome:
+        outs = await _collect(engine, request)
+        return Outcome(tuple(_tokens(outs)), outs[-1].finish_reason, outs[-1].kv_transfer)
+    return run
+
+
+@pytest.mark.parametrize("with_kv", [True, False])
+async def test_the_handoff_contract(with_kv: bool) -> None:
+    engines = [MockEngine(_config(engine_id=name)) for name in ("whole", "prefill", "decode")]
+    for eng in engines:
+        await eng.start()
+    sampling = SamplingParams(max_tokens=6, seed=2, ignore_eos=True)
+    await check_handoff("h", *(_runner(e) for e in engines), PROMPT, sampling, with_kv)
+    for eng in engines:
+        await eng.shutdown()
+
+
 async def test_disaggregated_equals_aggregated() -> None:
     prefill = MockEngine(_config(engine_id="prefill-0", kv_bytes_per_token=100))
     decode = MockEngine(_config(engine_id="decode-0", kv_bytes_per_token=100))
@@ -96,7 +115,7 @@ async def test_disaggregated_equals_aggregated() -> None:
     assert prefill.load().num_free_blocks == 64  # freed, its full blocks still cached
     assert prefill.counters().num_transfers == 0
 
-    rest = await _collect(decode_fresh, _request("d", PROMPT + first[0].token_ids, 5, kv_transfer=params))
+    rest = await _collect(decode_fresh, _request("d", PROMPT, 6, handoff=Handoff(first[0].token_ids[0], params)))
     assert first[0].token_ids + tuple(_tokens(rest)) == tuple(aggregated)
     assert rest[-1].finish_reason == "length" and rest[0].num_cached_tokens == 0
     counters = decode_fresh.counters()
@@ -259,7 +278,7 @@ async def test_a_pull_stalls_the_decode_step_a_push_does_not(mode: str) -> None:
     while len(times) < 5:
         await asyncio.sleep(0.005)
     kv = KvTransferParams(remote_engine_id="prefill-0", remote_block_ids=(0, 1, 2), mode=mode)
-    pulled = await _collect(eng, _request("pd", PROMPT + (7,), 3, kv_transfer=kv))
+    pulled = await _collect(eng, _request("pd", PROMPT, 4, handoff=Handoff(7, kv)))
     await task
     assert pulled[-1].finish_reason == "length" and eng.counters().num_transfers == 1
     longest_gap_s = max(b - a for a, b in zip(times, times[1:]))
@@ -270,7 +289,7 @@ async def test_a_pull_stalls_the_decode_step_a_push_does_not(mode: str) -> None:
     # The other mode's prefill engine is refused, not silently mixed.
     other = KvTransferParams(remote_engine_id="p", remote_block_ids=(0,), mode="push" if mode == "pull" else "pull")
     with pytest.raises(EngineError, match="moves KV by"):
-        await _collect(eng, _request("mixed", PROMPT + (7,), 3, kv_transfer=other))
+        await _collect(eng, _request("mixed", PROMPT, 4, handoff=Handoff(7, other)))
     await eng.shutdown()
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from common.hashing import block_hashes
-from common.protocol import SamplingParams
+from common.protocol import Handoff, SamplingParams
 from common.timing import TimingModel
 from services.worker.engine import EngineOutput, EngineRequest
 from services.worker.engines.mock.block_manager import BlockManager
@@ -103,7 +103,7 @@ async def _prefill_then_decode(prefill: MockEngine, decode: MockEngine, rid: str
     assert kv.num_bytes == 3 * BS * KV_PER_TOKEN and kv.remote_request_id
     if corrupt:
         prefill._nixl.region.buf[kv.remote_block_ids[-1] * kv.nixl_block_bytes + 5] ^= 0xFF  # one wrong byte (the last block: the decode engine has cached the first two)
-    return await _run(decode, _req(rid, PROMPT + first.token_ids, 4, kv_transfer=kv))
+    return await _run(decode, _req(rid, PROMPT, 5, handoff=Handoff(first.token_ids[0], kv)))
 
 
 async def _all_free(*engines: MockEngine) -> bool:
@@ -155,7 +155,7 @@ async def test_a_peer_gone_before_the_read_recomputes_and_frees(pair) -> None:
     prefill, decode = pair
     first = (await _run(prefill, _req("gone", PROMPT, 1, prefill_only=True)))[-1]
     await prefill.shutdown()  # its region deregistered: the READ is refused
-    outs = await _run(decode, _req("gone", PROMPT + first.token_ids, 4, kv_transfer=first.kv_transfer))
+    outs = await _run(decode, _req("gone", PROMPT, 5, handoff=Handoff(first.token_ids[0], first.kv_transfer)))
     assert outs[0].transfer_failed and outs[-1].finish_reason == "length"
     assert decode.counters().num_transfer_failures == 1
     assert await _all_free(decode)
@@ -173,7 +173,7 @@ async def test_a_prefill_engine_without_a_region_is_refused_and_the_prompt_recom
     try:
         first = (await _run(plain, _req("sim", PROMPT, 1, prefill_only=True)))[-1]
         assert first.kv_transfer is not None and not first.kv_transfer.nixl_metadata
-        outs = await _run(decode, _req("sim", PROMPT + first.token_ids, 4, kv_transfer=first.kv_transfer))
+        outs = await _run(decode, _req("sim", PROMPT, 5, handoff=Handoff(first.token_ids[0], first.kv_transfer)))
         assert outs[0].transfer_failed and outs[-1].finish_reason == "length"
         assert decode.counters().num_transfers == 0  # nothing simulated slipped into the real log
     finally:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from common.errors import EngineError
-from common.protocol import SamplingParams, StructuredOutput
+from common.protocol import Handoff, SamplingParams, StructuredOutput
 from services.worker.engine import EngineRequest
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
@@ -67,7 +67,9 @@ def test_logprobs_are_a_sorted_distribution() -> None:
 
 @pytest.mark.parametrize("sampling", [
     SamplingParams(presence_penalty=0.5), SamplingParams(frequency_penalty=-1.0),
-    SamplingParams(repetition_penalty=1.2), SamplingParams(structured=StructuredOutput(json_object=True))])
+    SamplingParams(repetition_penalty=1.2), SamplingParams(structured=StructuredOutput(json_object=True)),
+    SamplingParams(structured=StructuredOutput(regex="a+")), SamplingParams(allowed_token_ids=(1, 2)),
+    SamplingParams(bad_words_token_ids=((3,),)), SamplingParams(prompt_logprobs=0)])
 def test_refuses_what_it_cannot_honour(sampling: SamplingParams) -> None:
     with pytest.raises(EngineError, match="does not support"):
         check_supported("r", sampling)
@@ -87,10 +89,9 @@ async def test_disaggregated_equals_aggregated_under_controls() -> None:
     agg, prefill, decode = engines
     whole = await _collect(agg, EngineRequest("a", PROMPT, sampling))
     first = await _collect(prefill, EngineRequest("p", PROMPT, sampling, prefill_only=True))
-    rest_sampling = SamplingParams(max_tokens=7, seed=1, logit_bias={free[2]: 100.0}, logprobs=2,
-                                   stop_token_ids=(free[2],), min_tokens=3)
-    rest = await _collect(decode, EngineRequest("d", PROMPT + first[0].token_ids, rest_sampling,
-                                                kv_transfer=first[0].kv_transfer))
+    # The hand-off carries the request as sent (its whole budget and min_tokens) and the first token.
+    rest = await _collect(decode, EngineRequest("d", PROMPT, sampling,
+                                                handoff=Handoff(first[0].token_ids[0], first[0].kv_transfer)))
     tokens = _tokens(whole)
     # The biased stop id wins every step once min_tokens (4) is reached: the 5th token stops the request.
     assert len(tokens) == 5 and tokens[-1] == free[2] and whole[-1].finish_reason == "stop"

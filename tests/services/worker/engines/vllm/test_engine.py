@@ -17,11 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
 from common.errors import ModelError
+from common.protocol import KvTransferParams, SamplingParams
 from common.tiny_model import make_tiny_model
+from services.worker.engine import EngineRequest
+from tests.services.worker.handoff_contract import Outcome, check_handoff
 
 pytestmark = [
     pytest.mark.vllm,
@@ -173,9 +177,9 @@ def _disaggregated(
     first = _generate(prefill, f"{rid}-p", prompt, sampling, prefill_only=True)
     assert len(first["token_ids"]) == 1 and first["kv_transfer"]["remote_engine_id"] == "prefill-0"
     kv = first["kv_transfer"]
-    # As the frontend does: the decode worker owes the tokens after the first.
-    rest_sampling = {**sampling, "max_tokens": sampling["max_tokens"] - 1}
-    rest = _generate(decode, f"{rid}-d", prompt + first["token_ids"], rest_sampling, kv_transfer=kv)
+    # As the frontend does: the prefill's prompt and the whole budget, handed off with the first token.
+    rest = _generate(decode, f"{rid}-d", prompt, sampling, handoff={"first_token_id": first["token_ids"][0],
+                                                                    "kv_transfer": kv})
     assert rest["finish_reason"] == "length" and not rest["transfer_failed"]
     return first["token_ids"] + rest["token_ids"]
 
@@ -213,6 +217,28 @@ def test_disaggregated_equals_aggregated(engines: tuple[SmokeEngine, SmokeEngine
     assert counters["num_transfer_bytes"] == num_blocks * 32 * 2 * 4 * 2 * 64 * 4
 
 
+def _runner(engine: SmokeEngine):
+    async def run(request: EngineRequest) -> Outcome:
+        extra = {"prefill_only": request.prefill_only}
+        if request.handoff is not None:
+            extra["handoff"] = msgspec.to_builtins(request.handoff)
+        out = _generate(engine, request.request_id, list(request.token_ids), msgspec.to_builtins(request.sampling),
+                        **extra)
+        kv = msgspec.convert(out["kv_transfer"], KvTransferParams) if out["kv_transfer"] else None
+        return Outcome(tuple(out["token_ids"]), out["finish_reason"], kv)
+    return run
+
+
+@pytest.mark.parametrize("with_kv", [True, False])
+async def test_the_handoff_contract(engines: tuple[SmokeEngine, SmokeEngine], with_kv: bool) -> None:
+    """Pulled, or on one engine with the prompt computed again (the hand-off without KV): forced, dropped."""
+    prefill, decode = engines
+    prompt = tuple(_prompts()[2][::-1])  # 64 tokens: its last block full
+    seeded = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=3, ignore_eos=True)
+    await check_handoff(f"contract-{with_kv}", _runner(prefill), _runner(prefill),
+                        _runner(decode if with_kv else prefill), prompt, seeded, with_kv)
+
+
 def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> None:
     prefill, decode = engines
     greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
@@ -226,8 +252,7 @@ def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> Non
         "remote_port": _free_port(),
         "remote_request_id": "ghost-req",
     }
-    out = _generate(decode, "pd-fail", prompt + expected[:1], {**greedy, "max_tokens": MAX_TOKENS - 1},
-                    kv_transfer=ghost)
+    out = _generate(decode, "pd-fail", prompt, greedy, handoff={"first_token_id": expected[0], "kv_transfer": ghost})
     assert out["transfer_failed"] and out["finish_reason"] == "length"
     assert expected[:1] + out["token_ids"] == expected
     assert decode.call({"op": "stats"})["counters"]["num_transfer_failures"] == 1

@@ -55,8 +55,8 @@ def _pushed(prefill: SmokeEngine, decode: SmokeEngine, rid: str, prompt: list[in
     first = _generate(prefill, rid, prompt, sampling, prefill_only=True)
     kv = first["kv_transfer"]
     assert len(first["token_ids"]) == 1 and kv["remote_engine_id"] == "prefill-0" and kv["mode"] == "push"
-    rest = _generate(decode, rid, prompt + first["token_ids"], {**sampling, "max_tokens": sampling["max_tokens"] - 1},
-                     kv_transfer=kv)
+    handoff = {"first_token_id": first["token_ids"][0], "kv_transfer": kv}  # the prefill's prompt, the whole budget
+    rest = _generate(decode, rid, prompt, sampling, handoff=handoff)
     assert rest["finish_reason"] == "length" and not rest["transfer_failed"]
     return first["token_ids"] + rest["token_ids"]
 
@@ -91,4 +91,5 @@ def test_a_pull_request_to_a_push_engine_is_refused(push_engines: tuple[SmokeEng
     kv = {"remote_engine_id": "prefill-0", "remote_block_ids": [1], "remote_host": "127.0.0.1",
           "remote_port": 1, "remote_request_id": "x", "mode": "pull"}
     with pytest.raises(AssertionError, match="moves KV by pull, this decode engine by push"):
-        _generate(decode, "mixed", [5, 6, 7, 8], {"max_tokens": 2, "temperature": 0.0}, kv_transfer=kv)
+        _generate(decode, "mixed", [5, 6, 7], {"max_tokens": 2, "temperature": 0.0},
+                  handoff={"first_token_id": 8, "kv_transfer": kv})

@@ -8,7 +8,7 @@ import pytest
 from msgspec.structs import replace
 
 from common.errors import EngineError
-from common.protocol import KvTransferParams, SamplingParams
+from common.protocol import Handoff, KvTransferParams, SamplingParams
 from services.worker.engine import EngineRequest
 
 pytestmark = [
@@ -91,13 +91,13 @@ def test_sampling_for_each_request_kind() -> None:
     assert params.extra_args["kv_transfer_params"] == {"do_remote_decode": True}
 
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
-    params, forced = to_vllm_sampling(EngineRequest("b", (7, 8, 42), sampling, kv_transfer=kv), None)
-    # max_tokens counts the tokens after the first; vLLM's forced (re-sampled, dropped) first step is one more.
-    assert params.max_tokens == 10 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
+    params, forced = to_vllm_sampling(EngineRequest("b", (7, 8), sampling, handoff=Handoff(42, kv)), None)
+    # The hand-off keeps the request's budget: the forced (re-sampled, dropped) first token is one of its tokens.
+    assert params.max_tokens == 9 and forced == 42 and params.extra_args[FORCED_TOKEN_KEY] == 42
     assert params.stop_token_ids == [5]
-
-    with pytest.raises(EngineError, match="prompt plus the first token"):
-        to_vllm_sampling(EngineRequest("c", (42,), sampling, kv_transfer=kv), None)
+    # Without KV to pull the same: the prompt is computed here, the first token forced all the same.
+    params, forced = to_vllm_sampling(EngineRequest("c", (7, 8), sampling, handoff=Handoff(42)), None)
+    assert params.max_tokens == 9 and forced == 42
 
 
 def test_sampling_controls_reach_vllm_on_both_sides() -> None:
@@ -110,8 +110,7 @@ def test_sampling_controls_reach_vllm_on_both_sides() -> None:
                               structured=StructuredOutput(json_schema=schema))
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
     prefill, _ = to_vllm_sampling(EngineRequest("p", (7, 8), sampling, prefill_only=True), None)
-    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8, 42), replace(sampling, max_tokens=8, min_tokens=3),
-                                               kv_transfer=kv), None)
+    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8), sampling, handoff=Handoff(42, kv)), None)
     for params in (prefill, decode):
         assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.3)
         assert params.logit_bias == {7: 100.0} and params.logprobs == 3 and params.seed == 11
@@ -120,7 +119,7 @@ def test_sampling_controls_reach_vllm_on_both_sides() -> None:
     sampled, _ = to_vllm_sampling(EngineRequest("s", (7,), SamplingParams(temperature=0.7, top_k=5, min_p=0.05)),
                                   None)
     assert (sampled.top_k, sampled.min_p) == (5, 0.05)
-    # min_tokens: one token on the prefill side; on the decode side the forced first token is one more output.
+    # min_tokens: one token on the prefill side; on the decode side the request's, the forced token one of them.
     assert prefill.min_tokens == 1 and decode.min_tokens == 4 and decode.max_tokens == 9
     any_json, _ = to_vllm_sampling(EngineRequest("j", (7,), SamplingParams(
         structured=StructuredOutput(json_object=True))), None)
@@ -162,3 +161,49 @@ def test_push_params_name_the_side_channel_not_the_request() -> None:
         decode_kv_params(kv, "pull")
     with pytest.raises(EngineError, match="moves KV by pull, this decode engine by push"):
         decode_kv_params(kv_params_from_vllm(VLLM_PREFILL_PARAMS, 1000), "push")
+
+
+def test_new_fields_reach_vllm_and_prompt_logprobs_only_where_the_prompt_is_computed() -> None:
+    from services.worker.engines.vllm.params import to_vllm_sampling
+
+    sampling = SamplingParams(max_tokens=4, allowed_token_ids=(3, 5, 9), bad_words_token_ids=((7,), (8, 2)),
+                              prompt_logprobs=2)
+    kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
+    local, _ = to_vllm_sampling(EngineRequest("a", (7, 8), sampling), None)
+    prefill, _ = to_vllm_sampling(EngineRequest("p", (7, 8), sampling, prefill_only=True), None)
+    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8, 42), sampling, kv_transfer=kv), None)
+    for params in (local, prefill, decode):
+        assert params.allowed_token_ids == [3, 5, 9]
+        assert params.bad_words_token_ids == [[7], [8, 2]]
+    assert local.prompt_logprobs == 2 and prefill.prompt_logprobs == 2
+    assert decode.prompt_logprobs is None  # it pulled the KV: the prompt was never computed there
+
+
+@pytest.mark.parametrize(("structured", "field", "value"), [
+    ({"regex": "[ab]+"}, "regex", "[ab]+"),
+    ({"choice": ("yes", "no")}, "choice", ["yes", "no"]),
+    ({"grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"'),
+    ({"structural_tag": '{"type": "x"}'}, "structural_tag", '{"type": "x"}'),
+    ({"json_object": True}, "json_object", True),
+])
+def test_every_structured_output_kind_reaches_vllm(structured: dict, field: str, value) -> None:
+    from common.protocol import StructuredOutput
+    from services.worker.engines.vllm.params import to_vllm_sampling
+
+    params, _ = to_vllm_sampling(EngineRequest("s", (7,), SamplingParams(
+        structured=StructuredOutput(**structured, disable_additional_properties=True))), None)
+    assert getattr(params.structured_outputs, field) == value
+    assert params.structured_outputs.disable_additional_properties is True
+
+
+def test_prompt_logprobs_from_vllm_positions() -> None:
+    from vllm.logprobs import Logprob
+
+    from services.worker.engines.vllm.params import prompt_logprobs
+
+    positions = [None,
+                 {8: Logprob(-0.3, 1), 4: Logprob(-1.2, 2)},  # the prompt's token is the likeliest
+                 {9: Logprob(-6.0, 57), 4: Logprob(-0.5, 1), 2: Logprob(-0.9, 2)}]  # far down: listed apart
+    out = prompt_logprobs([5, 8, 9], positions)
+    assert [(lp.token_id, lp.logprob, lp.rank) for lp in out] == [(8, -0.3, 1), (9, -6.0, 57)]
+    assert out[0].top == ((8, -0.3), (4, -1.2)) and out[1].top == ((4, -0.5), (2, -0.9))
