@@ -171,7 +171,7 @@ def test_new_fields_reach_vllm_and_prompt_logprobs_only_where_the_prompt_is_comp
     kv = KvTransferParams(remote_engine_id="p", remote_block_ids=(1,), remote_request_id="r")
     local, _ = to_vllm_sampling(EngineRequest("a", (7, 8), sampling), None)
     prefill, _ = to_vllm_sampling(EngineRequest("p", (7, 8), sampling, prefill_only=True), None)
-    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8, 42), sampling, kv_transfer=kv), None)
+    decode, _ = to_vllm_sampling(EngineRequest("d", (7, 8), sampling, handoff=Handoff(42, kv)), None)
     for params in (local, prefill, decode):
         assert params.allowed_token_ids == [3, 5, 9]
         assert params.bad_words_token_ids == [[7], [8, 2]]
