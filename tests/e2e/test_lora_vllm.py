@@ -36,6 +36,8 @@ def _complete(graph, model: str, tokens: list[int]) -> str:
 def test_adapter_outputs_differ_from_the_base_and_pd_equals_aggregated(tmp_path) -> None:
     lora = f"sql={tiny_lora_dir()}"
     prompts = {n: prompt(n, salt=900 + n) for n in LENGTHS}
+    (tmp_path / "pd").mkdir()
+    (tmp_path / "agg").mkdir()
     pd = start_graph(tmp_path / "pd", *VLLM_ARGS, *PD_ROUTER_ARGS, "--prefill", "1", "--decode", "1",
                      "--kv-transfer", "pull", "--lora-modules", lora)
     try:
