@@ -67,6 +67,8 @@ class EngineRequest:
     kvtier_remote: str = ""
     # Generate.traceparent: the request's trace, for engines that trace themselves (vLLM's trace_headers).
     traceparent: str = ""
+    # The LoRA adapter to run with (one the engine holds); "": the base model.
+    lora_name: str = ""
 
     @property
     def kv_transfer(self) -> KvTransferParams | None:
@@ -77,7 +79,7 @@ class EngineRequest:
     def of(cls, msg: Generate) -> EngineRequest:
         return cls(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                    prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote,
-                   traceparent=msg.traceparent)
+                   traceparent=msg.traceparent, lora_name=msg.lora_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,15 @@ class Engine(Protocol):
         """Why the engine can serve nothing more ("" while it can): its engine process died, its step loop
         failed. Cheap: the worker asks every heartbeat, and exits when it is not "" (a dead engine does not
         come back; the worker's supervisor starts a fresh one)."""
+
+    def lora_names(self) -> tuple[str, ...]:
+        """The LoRA adapters this engine holds now, sorted (start-time ones and those loaded since)."""
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load a LoRA adapter (PEFT directory) under ``lora_name``; EngineError when it cannot."""
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        """Unload an adapter; EngineError when it is not held. Requests running with it finish first (vLLM)."""
 
     async def shutdown(self) -> None:
         """Stop the engine and release its memory and ports."""
