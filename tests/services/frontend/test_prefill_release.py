@@ -91,7 +91,11 @@ async def test_a_finished_prefill_is_released_when_no_decode_reads_it(case, max_
                                                                        released) -> None:
     ctx = zmq.asyncio.Context()
     prefill, decode_worker = FakeWorker(ctx, prefilled), FakeWorker(ctx, decode_answer)
-    pipeline = Pipeline(PipelineConfig(router_endpoint=f"tcp://127.0.0.1:{free_port()}"), FrontendMetrics())
+    # A client can leave after the first token and before the decode is sent only when the first token is not
+    # held for the decode's first output (--first-token prefill).
+    first_token = "prefill" if case.startswith("client gone") else "decode"
+    pipeline = Pipeline(PipelineConfig(router_endpoint=f"tcp://127.0.0.1:{free_port()}", first_token=first_token),
+                        FrontendMetrics())
     route = Route(request_id="r1", decode=WorkerRef(worker_id="d", endpoint=decode_worker.endpoint),
                   prefill=WorkerRef(worker_id="p", endpoint=prefill.endpoint))
     try:
