@@ -240,8 +240,7 @@ class RouterService:
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
         excluded = (req.exclude_worker_ids, req.exclude_instance_ids, req.lora_name)
-        decode = self.registry.candidates(req.model, DECODE_ROLES, *excluded)
-        if not decode:
+        if not (decode := self.registry.candidates(req.model, DECODE_ROLES, *excluded)):
             self.metrics.routes_failed.inc()
             return ErrorReply(request_id=req.request_id, code="no_worker", message=f"no decode-capable worker "
                               f"serves model {req.model!r}" + (f" with adapter {req.lora_name!r}" * bool(req.lora_name)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from common.protocol import (
     FinishReason,
@@ -21,9 +21,14 @@ from common.protocol import (
     TokenLogprobs,
     TierLoadSample,
     TransferSample,
+    Role,
+    WorkerInfo,
     WorkerLoad,
     WorkerStats,
 )
+
+if TYPE_CHECKING:
+    from services.worker.config import WorkerConfig
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
 # whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, docs/measuring.md "Pull or
@@ -178,3 +183,15 @@ class Engine(Protocol):
 
     async def shutdown(self) -> None:
         """Stop the engine and release its memory and ports."""
+
+
+def worker_info(config: WorkerConfig, engine: Engine, role: Role, endpoint: str, instance_id: str,
+                kv_events: bool) -> WorkerInfo:
+    """What a worker registers with each router: who it is, where, and its engine's geometry as it runs."""
+    return WorkerInfo(
+        worker_id=config.worker_id, role=role, model=config.model, block_size=engine.block_size,
+        num_blocks=engine.num_blocks, endpoint=endpoint, engine=config.engine_kind, hash_seed=config.hash_seed,
+        max_model_len=engine.max_model_len, kv_events=kv_events, node=config.node, zone=config.zone,
+        # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
+        kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", 0), instance_id=instance_id,
+        switchable=config.switchable, engine_settings=dict(engine.settings()), lora_names=engine.lora_names())

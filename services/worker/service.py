@@ -49,7 +49,7 @@ from common.router_link import EventsSocket, RouterLink, first_registration, sen
 from common.transport import Server, new_id, open_context
 from services.worker.adapters import change_adapter
 from services.worker.config import WorkerConfig
-from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
+from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_info, worker_stats
 from services.worker.kv_events import KvEventPublisher
 from services.worker.leases import HELD_PREFILL_S, Leases
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
@@ -362,16 +362,8 @@ class WorkerService:
         return counters
 
     def _info(self) -> WorkerInfo:
-        return WorkerInfo(
-            worker_id=self.config.worker_id, role=self._role, model=self.config.model,
-            block_size=self.engine.block_size, num_blocks=self.engine.num_blocks,
-            endpoint=self.endpoint, engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
-            max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
-            node=self.config.node, zone=self.config.zone,
-            # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
-            kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
-            switchable=self.config.switchable, engine_settings=dict(self.engine.settings()),
-            lora_names=self.engine.lora_names())
+        return worker_info(self.config, self.engine, self._role, self.endpoint, self.instance_id,
+                           kv_events=self._events is not None)
 
     async def _heartbeat_loop(self) -> None:
         while not self._engine_is_dead():

@@ -361,20 +361,7 @@ class VllmEngine(VllmAdapters):
         return self._kv_bytes_per_block // self.block_size if self.block_size else 0
 
     def counters(self) -> EngineCounters:
-        return EngineCounters(
-            num_prefix_hits=self._stats.num_prefix_hit_tokens,
-            num_transfers=self._stats.transfers.num_transfers,
-            num_transfer_failures=self._stats.num_transfer_failures,
-            num_transfer_bytes=self._stats.transfers.num_bytes,
-            transfer_seconds=self._stats.transfers.drain_seconds(),
-            transfer_seconds_total=self._stats.transfers.seconds_total,
-            num_transfer_descriptors=self._stats.transfers.num_descriptors,
-            recent_transfers=self._stats.transfers.recent(),
-            recent_tier_loads=self._stats.tier_loads.recent(),
-            num_prompt_tokens_computed=self._stats.prompt_sources.num_computed,
-            num_prompt_tokens_cached=self._stats.prompt_sources.num_local_cache_hit,
-            num_prompt_tokens_pulled=self._stats.prompt_sources.num_external_kv_transfer,
-        )
+        return self._stats.counters()
 
     def prompt_token_sources(self) -> PromptTokenSources:
         """Cumulative prompt tokens computed / hit locally / pulled, as vLLM's scheduler saw them."""
