@@ -87,6 +87,7 @@ class MockEngine:
         self._notes = StepNotes()  # the prefill rate reported, each request's scheduled and landed times
         # Block-manager events collected each step (offloads happen there), drained by the publisher.
         self._pending_events: list[KvEvent] = []
+        self.kv_events_pending = asyncio.Event()  # set while drain_kv_events has something (wakes the publisher)
         self.num_onboards = 0
         self.num_onboarded_tokens = 0
 
@@ -241,6 +242,7 @@ class MockEngine:
         if not events:
             return
         self._pending_events += events
+        self.kv_events_pending.set()
         if self._tier is not None:
             self._tier.offload(events)
 
