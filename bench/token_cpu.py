@@ -76,6 +76,26 @@ def one_round(args: argparse.Namespace, index: int) -> dict[str, Any]:
         graph.stop()
 
 
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+    """Per label family (``before-1``, ``before-2`` -> ``before``): each process's mean idle ms/s, ms per output
+    token under load, and ms per output token at 24 tokens/s, over its rounds."""
+    families: dict[str, list[dict[str, Any]]] = {}
+    for label, run in runs.items():
+        families.setdefault(label.split("-")[0], []).extend(run["rounds"])
+    out: dict[str, Any] = {}
+    for family, rounds in families.items():
+        def mean(key: str, proc: str) -> float:
+            return round(sum(r[key][proc] for r in rounds) / len(rounds), 4)
+        procs = sorted(rounds[0]["idle_cpu_ms_per_s"])
+        out[family] = {"num_rounds": len(rounds), **{proc: {
+            "idle_ms_per_s": mean("idle_cpu_ms_per_s", proc),
+            "load_ms_per_output_token": mean("load_cpu_ms_per_output_token", proc),
+            "per_token_less_idle_ms": mean("per_token_less_idle_ms", proc),
+            "ms_per_output_token_at_24_tokens_per_s": mean("at_24_tokens_per_s_ms_per_token", proc)}
+            for proc in procs}}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
@@ -96,6 +116,7 @@ def main() -> None:
     finish(cond)
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     doc["runs"][args.label] = {"conditions": cond, "rounds": rounds}
+    doc["summary"] = summarize(doc["runs"])
     write_result(args.out, doc)
     for r in rounds:
         print(f"round {r['round']}: {r['output_tokens_per_s']} tokens/s, errors {r['num_errors']}")
