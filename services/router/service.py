@@ -15,7 +15,7 @@ import zmq.asyncio
 from common import protocol, tracing
 from common.addresses import advertised_events
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
-from common.hashing import block_hashes
+from common.hashing import adapter_seed, block_hashes
 from common.protocol import (
     ErrorReply,
     Heartbeat,
@@ -179,6 +179,7 @@ class RouterService:
                              num_waiting=load.num_waiting)
                 self.metrics.observe_load(worker_id, load)
                 self.roles.reported(worker_id, msg.role)  # the worker's role, as it says (a SetRole moved it)
+                self.registry.set_adapters(worker_id, msg.lora_names)  # None: none loaded or unloaded since
                 if msg.transfers:
                     learn_links(self.registry, self.topology, self.metrics, worker_id, msg.transfers)
                 if msg.tier_loads:
@@ -243,15 +244,16 @@ class RouterService:
 
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
-        decode = self.registry.candidates(req.model, DECODE_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
-        if not decode:
+        excluded = (req.exclude_worker_ids, req.exclude_instance_ids, req.lora_name)
+        if not (decode := self.registry.candidates(req.model, DECODE_ROLES, *excluded)):
             self.metrics.routes_failed.inc()
-            return ErrorReply(request_id=req.request_id, code="no_worker",
-                              message=f"no decode-capable worker serves model {req.model!r}")
-        prefill = self.registry.candidates(req.model, PREFILL_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
+            return ErrorReply(request_id=req.request_id, code="no_worker", message=f"no decode-capable worker "
+                              f"serves model {req.model!r}" + (f" with adapter {req.lora_name!r}" * bool(req.lora_name)))
+        prefill = self.registry.candidates(req.model, PREFILL_ROLES, *excluded)
         entry = self.registry.get(decode[0].worker_id)
         assert entry is not None
-        block_size, seed = entry.info.block_size, entry.info.hash_seed
+        # An adapter's blocks live under its own seed: never credited to the base model's blocks of the same tokens.
+        block_size, seed = entry.info.block_size, adapter_seed(entry.info.hash_seed, req.lora_name)
         hashes = block_hashes(req.token_ids, block_size, seed)
         overlaps = self._overlaps(hashes)
         try:
