@@ -49,6 +49,7 @@ from services.router.remote_tier import remote_tier
 from services.router.overlaps import merged_overlaps
 from services.router.transfer_samples import learn_links, learn_tiers, show_tiers
 from services.router.roles import RoleSwitcher
+from services.router.snapshot_asks import ask_snapshots
 from services.router.tier_registry import TierRegistry
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Topology
@@ -76,7 +77,6 @@ class RouterConfig:
     # Generous on purpose: a starved but healthy worker must not be dropped (its requests would fail over).
     heartbeat_timeout_s: float = 5.0
     # How often sources awaiting a KV snapshot are checked, and how long an unanswered ask waits to be repeated.
-    snapshot_poll_s: float = 0.02
     snapshot_retry_s: float = 1.0
     transport: TransportConfig = field(default_factory=TransportConfig)
     metrics_port: int = 0  # 0 = no metrics endpoint
@@ -111,6 +111,7 @@ class RouterService:
         self._server: Server | None = None
         self.endpoint = ""
         self.roles = RoleSwitcher(self.registry, self.metrics, self._identities, self._send)
+        self._snapshot_due = asyncio.Event()  # a source began to await its snapshot: ask it now
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -124,8 +125,10 @@ class RouterService:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         loop = asyncio.get_running_loop()
+        snapshots = ask_snapshots(self.index.tracker, self._snapshot_due, self.config.snapshot_retry_s,
+                                  self._ask_snapshot)
         background = [loop.create_task(self._reap_loop()), loop.create_task(self._events_loop(sub)),
-                      loop.create_task(self._snapshot_loop()), loop.create_task(self.roles.run())]
+                      loop.create_task(snapshots), loop.create_task(self.roles.run())]
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
@@ -159,6 +162,7 @@ class RouterService:
                 self.index.remove_worker(tier_id)
                 self.index.mark_shared(tier_id)
                 self.index.expect_snapshot(tier_id)  # no credit for its blocks until its snapshot is loaded
+                self._snapshot_due.set()
                 self.tiers.register(msg, now_s)
                 self._identities[tier_id] = identity
                 self._keys[tier_id] = key
@@ -190,6 +194,7 @@ class RouterService:
                 if info.kv_events:
                     # Fail closed until its snapshot is loaded (the snapshot loop asks for it at once).
                     self.index.expect_snapshot(info.worker_id)
+                    self._snapshot_due.set()
                 self.approx.remove_worker(info.worker_id)
                 if self.pending is not None:
                     self.pending.remove_worker(info.worker_id)
@@ -369,16 +374,10 @@ class RouterService:
             log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")
         return dead
 
-    async def _snapshot_loop(self) -> None:
-        """Ask every source awaiting a snapshot (just registered, restarted, after a gap) for one, and again
-        every ``snapshot_retry_s`` until it comes: until then that source gets no prefix credit."""
-        while True:
-            await asyncio.sleep(self.config.snapshot_poll_s)
-            for source_id in self.index.tracker.due_snapshots(time.monotonic(), self.config.snapshot_retry_s):
-                identity = self._identities.get(source_id)
-                if identity is not None and self._server is not None:
-                    self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"),
-                                                                         worker_id=source_id))
+    def _ask_snapshot(self, source_id: str) -> None:
+        identity = self._identities.get(source_id)
+        if identity is not None and self._server is not None:
+            self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"), worker_id=source_id))
 
     async def _reap_loop(self) -> None:
         interval_s = self.config.heartbeat_timeout_s / 4

@@ -67,8 +67,7 @@ class MockEngine(AdapterNames):
         self.max_model_len = config.max_model_len
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.hash_seed)
         self._adapter_names = set(config.lora_names)
-        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens)
-        self._scheduler = Scheduler(scheduler_config, self._blocks)
+        self._scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self._blocks)
         self._live: dict[str, _Live] = {}
         self._load_handles: dict[str, asyncio.TimerHandle] = {}
         self._wakeup = asyncio.Event()
@@ -85,11 +84,11 @@ class MockEngine(AdapterNames):
         self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
-        # Registered with the router, which prices a prompt's KV move with it.
-        self.kv_bytes_per_token = config.kv_bytes_per_token
+        self.kv_bytes_per_token = config.kv_bytes_per_token  # registered: the router prices a KV move with it
         self._notes = StepNotes()  # the prefill rate reported, each request's scheduled and landed times
-        # Block-manager events collected each step (offloads happen there), drained by the publisher.
+        # Block-manager events collected each step (offloads there), drained by the publisher (kv_events_pending).
         self._pending_events: list[KvEvent] = []
+        self.kv_events_pending = asyncio.Event()
         self.num_onboards = 0
         self.num_onboarded_tokens = 0
 
@@ -243,6 +242,7 @@ class MockEngine(AdapterNames):
         if not events:
             return
         self._pending_events += events
+        self.kv_events_pending.set()
         if self._tier is not None:
             self._tier.offload(events)
 

@@ -23,6 +23,7 @@ in-process before ``start()`` (``start`` fills in any that are missing).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import tempfile
@@ -112,6 +113,7 @@ class VllmEngine(VllmAdapters):
         self._kv_bytes_per_block = 0
         self._dtype = DtypeChoice(self.config.dtype, "as asked")
         self._kv_events: VllmKvEvents | None = None
+        self.kv_events_pending: asyncio.Event | None = None  # set while drain_kv_events has something
         self._leases: Leases[str] = Leases()  # finished prefills' KV held for a decode: vLLM's own request id
         self._events_ctx: zmq.asyncio.Context | None = None
         # Host decode engines dial for our side channel; AddressError now, not at the first pull.
@@ -155,16 +157,10 @@ class VllmEngine(VllmAdapters):
             self._events_ctx = zmq.asyncio.Context()
             self._kv_events = VllmKvEvents(self._events_endpoint(), self.block_size, self.config.hash_seed)
             self._kv_events.start(self._events_ctx)
-        log.info(
-            "vllm_engine_started",
-            model=str(self.config.model),
-            start_s=round(self.start_s, 2),
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            kv_role=self.config.kv_role,
-            kv_transfer=self.config.kv_transfer,
-            settings=self.settings(),
-        )
+            self.kv_events_pending = self._kv_events.pending  # wakes the worker's publisher (kv_events.py)
+        log.info("vllm_engine_started", model=str(self.config.model), start_s=round(self.start_s, 2),
+                 num_blocks=self.num_blocks, block_size=self.block_size, kv_role=self.config.kv_role,
+                 kv_transfer=self.config.kv_transfer, settings=self.settings())
 
     def _engine_kwargs(self) -> dict[str, Any]:
         """vLLM's AsyncEngineArgs: our defaults where the user said nothing, the user's engine arguments over them,

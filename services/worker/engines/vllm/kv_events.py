@@ -33,6 +33,7 @@ class VllmKvEvents:
         self._pending: list[KvEvent] = []
         self._num_unchained = 0
         self._task: asyncio.Task[None] | None = None
+        self.pending = asyncio.Event()  # set when events wait for ``drain``: the publisher flushes then
 
     def start(self, ctx: zmq.asyncio.Context) -> None:
         from vllm.distributed.kv_events import KVEventBatch
@@ -55,6 +56,8 @@ class VllmKvEvents:
                     continue
                 for event in batch.events:
                     self.translate(event)
+                if self._pending:
+                    self.pending.set()
         finally:
             sock.close(linger=0)
 
