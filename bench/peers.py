@@ -89,7 +89,7 @@ def profile(pids: dict[str, int], seconds: float, log_dir: Path, tag: str) -> li
 def run_point(args: argparse.Namespace, running: Running, arm_name: str, index: int, rate: float, pd: bool,
               profiled: bool) -> dict[str, Any]:
     """One load point: open loop at ``rate`` requests/s, or closed loop at --concurrency (``rate`` then 0)."""
-    spec = WorkloadSpec(kind="synthetic", isl=args.isl, osl=args.osl)
+    spec = workload_spec(args)
     load = {"concurrency": [args.concurrency]} if args.concurrency else {"rate": [rate]}
     cfg = BenchConfig(url=running.url, endpoint="completions", workload=spec, **load,
                       num_requests=args.num_requests, max_duration_s=args.max_duration_s, timeout_s=args.timeout_s,
@@ -117,6 +117,14 @@ def run_point(args: argparse.Namespace, running: Running, arm_name: str, index: 
             "bench_output": str(cfg.output)}
 
 
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    """--workload: synthetic (unique prompts of --isl), long-mix (--long-fraction of --long-isl among --isl),
+    shared-prefix (--num-prefixes of --prefix-len + --suffix-len), multi-turn (--turns, history grows)."""
+    return WorkloadSpec(kind=args.workload, isl=args.isl, osl=args.osl, long_isl=args.long_isl,
+                        long_fraction=args.long_fraction, num_prefixes=args.num_prefixes, prefix_len=args.prefix_len,
+                        suffix_len=args.suffix_len, turns=args.turns, think_time_s=args.think_time_s)
+
+
 def run_arm(args: argparse.Namespace, arm_name: str, index: int, rates: list[float] | None) -> dict[str, Any]:
     arm = ARMS[arm_name]
     out: dict[str, Any] = {"arm": arm_name, "index": index, "what": arm.what, "system": arm.system,
@@ -132,7 +140,7 @@ def run_arm(args: argparse.Namespace, arm_name: str, index: int, rates: list[flo
         out["client_cores"] = sorted(client_cores)
         if args.concurrency:
             rates = [0.0]
-        elif arm.pd and not args.limit_measured:
+        elif arm.pd and not args.limit_measured and not args.skip_limit:
             args.limit_measured = True
             out["prefill_limit"] = find_limit(running, args.model.resolve().name, round(Dist.parse(args.isl).mean()),
                                               args.limit_concurrency, args.limit_prompts)
@@ -153,6 +161,41 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=MODEL_100M)
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 where the CPU has native bf16, else float32")
+    ap.add_argument("--order", default="ss-pd,vllm-pd,ss-pd,vllm-pd",
+                    help=f"arms, run in this order (A B A B): {', '.join(ARMS)}")
+    ap.add_argument("--rates", default="0.25,0.45", help="requests/s, comma-separated")
+    ap.add_argument("--rate-fractions", default="", help="instead of --rates: fractions of the measured prefill limit")
+    ap.add_argument("--skip-limit", action="store_true", help="with --rates: do not measure the prefill limit")
+    ap.add_argument("--limit-concurrency", type=int, default=4)
+    ap.add_argument("--limit-prompts", type=int, default=9)
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="closed loop at this concurrency instead of rates (decode-step comparisons, profiling)")
+    ap.add_argument("--num-requests", type=int, default=20, help="per rate and arm")
+    ap.add_argument("--isl", default="uniform:128:2048")
+    ap.add_argument("--osl", default="96")
+    ap.add_argument("--workload", default="synthetic", choices=("synthetic", "long-mix", "shared-prefix", "multi-turn"))
+    ap.add_argument("--long-isl", default="2048", help="long-mix: the long prompts")
+    ap.add_argument("--long-fraction", type=float, default=0.2, help="long-mix: share of long prompts")
+    ap.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix")
+    ap.add_argument("--prefix-len", type=int, default=1536, help="shared-prefix: tokens")
+    ap.add_argument("--suffix-len", default="64", help="shared-prefix")
+    ap.add_argument("--turns", default="4", help="multi-turn")
+    ap.add_argument("--think-time-s", default="0", help="multi-turn")
+    ap.add_argument("--slo", default=SLO)
+    ap.add_argument("--kv-transfer", choices=("pull", "push"), default="push", help="splitserve P/D arms")
+    ap.add_argument("--max-duration-s", type=float, default=120.0)
+    ap.add_argument("--timeout-s", type=float, default=180.0)
+    ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy every process for this long (0: no)")
+    ap.add_argument("--log-dir", default="/tmp/peers")
+    ap.add_argument("--out", type=Path, default=RESULTS / "peers.json")
+    return ap
+
+
 def main() -> None:
     suite = argparse.ArgumentParser(add_help=False)
     suite.add_argument("--suite", choices=("engines", "serving-layer"), default="engines")
@@ -162,30 +205,7 @@ def main() -> None:
 
         serving_main(rest)
         return
-    sys.argv = [sys.argv[0], *rest]
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=MODEL_100M)
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 where the CPU has native bf16, else float32")
-    ap.add_argument("--order", default="ss-pd,vllm-pd,ss-pd,vllm-pd",
-                    help=f"arms, run in this order (A B A B): {', '.join(ARMS)}")
-    ap.add_argument("--rates", default="0.25,0.45", help="requests/s, comma-separated")
-    ap.add_argument("--rate-fractions", default="", help="instead of --rates: fractions of the measured prefill limit")
-    ap.add_argument("--limit-concurrency", type=int, default=4)
-    ap.add_argument("--limit-prompts", type=int, default=9)
-    ap.add_argument("--concurrency", type=int, default=0,
-                    help="closed loop at this concurrency instead of rates (decode-step comparisons, profiling)")
-    ap.add_argument("--num-requests", type=int, default=20, help="per rate and arm")
-    ap.add_argument("--isl", default="uniform:128:2048")
-    ap.add_argument("--osl", default="96")
-    ap.add_argument("--slo", default=SLO)
-    ap.add_argument("--kv-transfer", choices=("pull", "push"), default="push", help="splitserve P/D arms")
-    ap.add_argument("--max-duration-s", type=float, default=120.0)
-    ap.add_argument("--timeout-s", type=float, default=180.0)
-    ap.add_argument("--seed", type=int, default=29)
-    ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy every process for this long (0: no)")
-    ap.add_argument("--log-dir", default="/tmp/peers")
-    ap.add_argument("--out", type=Path, default=RESULTS / "peers.json")
-    args = ap.parse_args()
+    args = build_parser().parse_args(rest)
     args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
     args.rate_fractions = [float(f) for f in args.rate_fractions.split(",") if f]
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
@@ -205,8 +225,9 @@ def main() -> None:
         "cores": {"prefill_engine": PREFILL_CORE, "decode_engine": DECODE_CORE,
                   "control_plane_and_client": "prefill core for P/D arms; unpinned for aggregated arms"},
         "arms": {a: ARMS[a].what for a in dict.fromkeys(order)}, "order": order,
-        "workload": {"isl": args.isl, "osl": args.osl, "arrivals": "open loop, Poisson", "prompts": "unique "
-                     "random token ids (salted per point: no prefix-cache hits)", "temperature": 0,
+        "workload": {**workload_spec(args).describe(), "arrivals": "open loop, Poisson", "prompts": "random "
+                     "token ids salted per point (no hits across points; within one: what the workload shares)",
+                     "temperature": 0,
                      "ignore_eos": True, "endpoint": "/v1/completions, stream, continuous usage"},
         "num_requests_per_point": args.num_requests, "slo": args.slo, "splitserve_kv_transfer": args.kv_transfer,
         "transfer_backend": "NIXL UCX (vLLM NixlConnector / NixlPushConnector), kv_buffer_device cpu",

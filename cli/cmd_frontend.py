@@ -48,9 +48,11 @@ from cli.tracing_setup import OtlpTracesEndpoint, configure_tracing
 
 
 def frontend(
-    model: str = typer.Option(..., help="HF model directory (tokenizer, chat template), or a Hugging Face id in "
-                              "the local cache (HF_HOME)"),
-    served_model_name: str | None = typer.Option(None, help=SERVED_NAME_HELP),
+    model: list[str] = typer.Option(..., help="HF model directory (tokenizer, chat template), or a Hugging Face id "
+                                    "in the local cache (HF_HOME); repeat it to serve several models, each by its "
+                                    "own workers (docs/fleet.md)"),
+    served_model_name: list[str] | None = typer.Option(None, help=SERVED_NAME_HELP + "; once per --model, in "
+                                                       "order"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or several replicas comma-separated (any live one answers)"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
@@ -98,9 +100,17 @@ def frontend(
     from cli.frontend_processes import copy_metrics_port, process_index, supervise
 
     configure_logging(log_level, log_json, "frontend")
-    ref = resolved_model(model)
-    validated(ref.path, need_weights=False)  # tokenizer and config only
-    names = served_names(served_model_name, ref.name)
+    served = list(served_model_name or ())
+    if len(served) > len(model):
+        raise typer.BadParameter(f"{len(served)} names for {len(model)} models", param_hint="--served-model-name")
+    refs = [resolved_model(m) for m in model]
+    for ref in refs:
+        validated(ref.path, need_weights=False)  # tokenizer and config only
+    all_names = [served_names(served[i] if i < len(served) else None, ref.name) for i, ref in enumerate(refs)]
+    flat = [n for names in all_names for n in names]
+    if len(set(flat)) != len(flat):
+        raise typer.BadParameter(f"a name is given to two models: {', '.join(flat)}", param_hint="--served-model-name")
+    ref, names = refs[0], all_names[0]
     index = process_index()
     if chat_template is not None and not chat_template.is_file():
         raise typer.BadParameter(f"{chat_template} is not a file", param_hint="--chat-template")
@@ -114,6 +124,7 @@ def frontend(
         raise typer.Exit(supervise(processes))
     configure_tracing(otlp_traces_endpoint, "frontend")
     from services.frontend.heap import settle_heap
+    from services.frontend.model_context import FrontendModel
     from services.frontend.pipeline import PipelineConfig
     from services.frontend.service import FrontendConfig, FrontendService
 
@@ -131,7 +142,8 @@ def frontend(
         metrics_port=copy_metrics_port(metrics_port, index), metrics_host=metrics_host,
         chat_template=chat_template.read_text() if chat_template is not None else None,
         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-        enable_auto_tool_choice=enable_auto_tool_choice)
+        enable_auto_tool_choice=enable_auto_tool_choice,
+        extra_models=tuple(FrontendModel(n[0], r.path, n[1:]) for r, n in zip(refs[1:], all_names[1:])))
     service = FrontendService(config)
     settle_heap()  # what startup built stays for good: no collection walks it again
     run_service(service.run)

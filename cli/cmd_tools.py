@@ -1,4 +1,4 @@
-"""`splitserve keys make` and `splitserve model make-tiny`: files a deployment needs."""
+"""`splitserve keys make`, `splitserve model make-tiny` and `make-tiny-lora`: files a deployment needs."""
 
 from __future__ import annotations
 
@@ -40,3 +40,16 @@ def make_tiny(
 
     path = make_tiny_model(out, size=size, seed=seed)  # type: ignore[arg-type]
     typer.echo(str(path))
+
+
+def make_tiny_lora(
+    model: Path = typer.Option(Path("models/tiny"), help="The model directory the adapter is for (make-tiny's)"),
+    out: Path = typer.Option(Path("models/tiny-lora"), help="Output directory"),
+    rank: int = typer.Option(8, help="LoRA rank r"),
+    seed: int = typer.Option(1),
+) -> None:
+    """Write a LoRA adapter with random weights for MODEL in PEFT's layout (adapter_config.json,
+    adapter_model.safetensors): what `--lora-modules NAME=OUT` and /v1/load_lora_adapter load."""
+    from common.tiny_lora import make_tiny_lora as make
+
+    typer.echo(str(make(model, out, rank=rank, seed=seed)))

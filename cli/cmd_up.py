@@ -44,8 +44,10 @@ from cli.options import (
     frontend_args,
     LogJson,
     LogLevel,
+    LORA_MODULES_HELP,
     SERVED_NAME_HELP,
     kv_transfer_checked,
+    lora_modules as parse_lora_modules,
     mock_kv_bytes_per_token,
     kv_transfer_option,
     resolved_model,
@@ -77,10 +79,15 @@ def _in_panel(option, panel: str):
 def up(
     ctx: typer.Context,
     # Engine and model
-    model: Optional[str] = typer.Option(
+    model: Optional[list[str]] = typer.Option(
         None, help="HF model directory or a Hugging Face id in the local cache (default: the embedded tiny model); "
-        "mock needs only config.json and a tokenizer, vLLM also the *.safetensors weights", rich_help_panel=ENGINE),
-    served_model_name: Optional[str] = typer.Option(None, help=SERVED_NAME_HELP, rich_help_panel=ENGINE),
+        "mock needs only config.json and a tokenizer, vLLM also the *.safetensors weights. Repeat it to serve "
+        "several models behind one frontend, each with pools of the sizes below (docs/fleet.md)",
+        rich_help_panel=ENGINE),
+    served_model_name: Optional[list[str]] = typer.Option(
+        None, help=SERVED_NAME_HELP + "; with several --model, once per model, in order", rich_help_panel=ENGINE),
+    lora_modules: Optional[list[str]] = typer.Option(None, "--lora-modules", help=LORA_MODULES_HELP + " (the "
+                                                     "first model's workers)", rich_help_panel=ENGINE),
     prefill_args: str = typer.Option(
         "", help="vLLM engine arguments for prefill engines only, after the common ones: e.g. "
         "'--max-num-batched-tokens 16384 --enable-chunked-prefill'", rich_help_panel=ENGINE),
@@ -212,7 +219,10 @@ def up(
     All are checked by vLLM's parser before anything starts."""
     import shlex
 
+    from cli.graph_spec import ExtraModel
     from cli.launcher import GraphSpec, PlannerSpec, frontends_that_fit, launch
+
+    extra_models: list[ExtraModel] = []
 
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
@@ -239,19 +249,30 @@ def up(
                                                        "decode": 0 if aggregated else decode,
                                                        "both": aggregated}, parsed)
     model_dir: Optional[Path] = None
-    names = served_names(served_model_name, "") if served_model_name else ()
-    if model is not None:
-        ref = resolved_model(model)
-        model_dir = ref.path
-        validated(model_dir, need_weights=engine == "vllm")
-        if not names and ref.hub_id:
-            names = (ref.hub_id,)  # the cache's snapshot directory is named by its commit hash
+    models, given_names = list(model or ()), list(served_model_name or ())
+    if len(models) > 1 and given_names and len(given_names) != len(models):
+        raise typer.BadParameter(f"{len(given_names)} names for {len(models)} models: give one per --model",
+                                 param_hint="--served-model-name")
+    all_names: list[tuple[str, ...]] = []
+    for i, one in enumerate(models or [None]):
+        names = served_names(given_names[i], "") if i < len(given_names) else ()
+        if one is not None:
+            ref = resolved_model(one)
+            validated(ref.path, need_weights=engine == "vllm")
+            model_dir = model_dir or ref.path
+            if not names:  # the cache's snapshot directory is named by its commit hash
+                names = (ref.hub_id,) if ref.hub_id else (() if i == 0 else (ref.name,))
+            if i > 0:
+                extra_models.append(ExtraModel(ref.path, names))
+        all_names.append(names)
+    names = all_names[0]
+    parse_lora_modules(lora_modules)  # a bad one is a usage error here, not a worker's later
     planner_spec = PlannerSpec(
         slo=planner_slo, profile=planner_profile, interval_s=planner_interval_s, window_s=planner_window_s,
         max_prefill=max_prefill, max_decode=max_decode, decisions_path=planner_decisions, role_switch=role_switch,
         min_dwell_s=planner_min_dwell_s,
         max_workers=max_workers or ((os.cpu_count() or 1) if engine == "vllm" else max_prefill + max_decode))
-    num_workers = aggregated or prefill + decode
+    num_workers = (aggregated or prefill + decode) * max(len(models), 1)
     if frontends == 0:
         # A planner may grow the pools to max_workers: leave their cores to them.
         frontends = frontends_that_fit(len(os.sched_getaffinity(0)),
@@ -277,6 +298,7 @@ def up(
                      planner=planner_spec if planner else None, num_frontends=frontends,
                      http_limits=limits, curve=curve,
                      curve_dir=curve_dir, switchable=switchable, served_model_names=names,
+                     extra_models=tuple(extra_models), lora_modules=tuple(lora_modules or ()),
                      engine_args=engine_args, prefill_engine_args=pool_args["prefill"],
                      decode_engine_args=pool_args["decode"], placement=placement,
                      frontend_args=frontend_args(chat_template, tool_call_parser, reasoning_parser,

@@ -20,10 +20,12 @@ from cli.options import (
     Node,
     Zone,
     address_checked,
+    LORA_MODULES_HELP,
     SERVED_NAME_HELP,
     curve_key_dir,
     default_node,
     kv_transfer_checked,
+    lora_modules,
     mock_kv_bytes_per_token,
     reexec_with_engine_env,
     resolved_model,
@@ -56,6 +58,7 @@ def worker(
     node: Optional[str] = Node,
     zone: str = Zone,
     served_model_name: Optional[str] = typer.Option(None, help=SERVED_NAME_HELP),
+    lora_modules_given: Optional[list[str]] = typer.Option(None, "--lora-modules", help=LORA_MODULES_HELP),
     worker_id: Optional[str] = typer.Option(None, help="Unique in the cluster (default: ROLE-NODE-PID)"),
     engine: str = typer.Option("mock", help="mock | vllm"),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)"),
@@ -154,6 +157,7 @@ def worker(
     if role not in ("prefill", "decode", "both"):
         raise typer.BadParameter(f"role must be prefill, decode or both, not {role!r}")
     kv_transfer_checked(kv_transfer)
+    loras = lora_modules(lora_modules_given)
     if mock_nixl and kv_transfer != "pull":
         raise typer.BadParameter("--mock-nixl moves KV by READ (pull) only", param_hint="--kv-transfer")
     kv_bytes_per_token = mock_kv_bytes_per_token(mock_block_bytes, block_size)
@@ -217,7 +221,8 @@ def worker(
             hash_seed=seed, timing=timing, engine_id=wid,
             tier=_tier_client(kvtier, wid, own_transport.curve, model_id=seed),
             tier_write_through=bool(kvtier_write_through), start_s=mock_start_s, kv_transfer=kv_transfer,
-            kv_bytes_per_token=kv_bytes_per_token, nixl=mock_nixl, nixl_hold_s=mock_nixl_hold_s))
+            kv_bytes_per_token=kv_bytes_per_token, nixl=mock_nixl, nixl_hold_s=mock_nixl_hold_s,
+            lora_names=tuple(name for name, _ in loras)))
     elif engine == "vllm":
         from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
         from services.worker.engines.vllm.engine import VllmEngine
@@ -237,7 +242,7 @@ def worker(
             kv_role="both" if switchable else role, switchable=switchable, kv_transfer=kv_transfer,
             nixl_side_channel_port=nixl_port,
             nixl_side_channel_host=nixl_host, nixl_advertise_host=nixl_peer_host,
-            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=seed,
+            kv_cache_space_gib=kv_cache_gib, engine_id=wid, hash_seed=seed, lora_modules=loras,
             kvtier_endpoint=kvtier, kvtier_write_through=kvtier_write_through is not False,
             # Loaded (checked) above; vLLM's processes load them again from this path (no key material in argv).
             kvtier_curve_dir=str(curve_key_dir(curve_dir, "worker") or ""))

@@ -15,6 +15,14 @@ its own and hands the rest to vLLM's parser. The file's arguments go first, so t
     prefill-args:
       max-num-batched-tokens: 16384
       enable-chunked-prefill: true
+
+`up`'s ``models:`` is a list of models served side by side (docs/fleet.md), each a mapping of ``model``,
+``served-model-name`` and (the first only) ``lora-modules``: it stands for ``--model`` and ``--served-model-name``
+repeated in order.
+
+    models:
+      - {model: /models/tiny, served-model-name: tiny, lora-modules: [sql=/adapters/sql]}
+      - {model: /models/tiny-copy, served-model-name: [tiny-copy, tc]}
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ def config_args(config: Mapping[str, Any], pool_sections: bool) -> list[str]:
         name = _option(key)
         if pool_sections and name in POOL_ARGS and isinstance(value, Mapping):
             out += [name, shlex.join(config_args(value, pool_sections=False))]
+        elif pool_sections and name == "--models":
+            out += _models_args(value)
         elif value is None:
             continue
         elif value is True:
@@ -58,6 +68,23 @@ def config_args(config: Mapping[str, Any], pool_sections: bool) -> list[str]:
             out += [name, ",".join(str(v) for v in value)]
         else:
             out += [name, str(value)]
+    return out
+
+
+def _models_args(models: Any) -> list[str]:
+    """``models:`` as repeated ``--model``/``--served-model-name`` (and the first's ``--lora-modules``)."""
+    if not isinstance(models, Sequence) or isinstance(models, str) or not all(isinstance(m, Mapping) for m in models):
+        raise ConfigError("models: a list of mappings, each with model (and served-model-name, lora-modules)")
+    out: list[str] = []
+    for i, entry in enumerate(models):
+        keys = {_option(k) for k in entry}
+        allowed = {"--model", "--served-model-name"} | ({"--lora-modules"} if i == 0 else set())
+        if "--model" not in keys or not keys <= allowed:
+            raise ConfigError(f"models[{i}]: takes {', '.join(sorted(o[2:] for o in allowed))}, model required; "
+                              f"got {', '.join(sorted(k[2:] for k in keys))}")
+        if len(models) > 1 and "--served-model-name" not in keys:
+            raise ConfigError(f"models[{i}]: several models need a served-model-name each")
+        out += config_args(entry, pool_sections=False)
     return out
 
 

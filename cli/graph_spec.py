@@ -49,6 +49,15 @@ class PlannerSpec:
 
 
 @dataclass(frozen=True)
+class ExtraModel:
+    """A model served beside the first (`up --model A --model B`): its own pools, of the first's sizes, its own
+    names (docs/fleet.md)."""
+
+    model: Path
+    served_model_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class GraphSpec:
     model: Path | None = None
     engine: str = "vllm"
@@ -106,6 +115,10 @@ class GraphSpec:
     switchable: bool | None = None
     # Names clients use (the first is the one responses carry and workers register); (): the model's own name.
     served_model_names: tuple[str, ...] = ()
+    # More models, each with pools of the sizes above (fixed: the planner scales the first model's), one frontend.
+    extra_models: tuple[ExtraModel, ...] = ()
+    # The first model's LoRA adapters, name=path, loaded by each of its workers at start (--lora-modules).
+    lora_modules: tuple[str, ...] = ()
     # Passed to every frontend as is: --chat-template, --tool-call-parser, --reasoning-parser, the admission
     # queue's options, ... (cmd_up).
     frontend_args: tuple[str, ...] = ()
@@ -152,8 +165,12 @@ def kvtier_block_bytes(spec: GraphSpec) -> int:
     return info.kv_bytes_per_token(4 if dtype in ("float32", "float") else 2) * spec.block_size
 
 
-def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "") -> list[str]:
+def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: int, kvtier: str = "",
+                   extra: ExtraModel | None = None) -> list[str]:
+    """Worker ``index`` of the graph in ``role``: of the first model, or of ``extra``'s."""
     num_cores = os.cpu_count() or 1
+    if extra is not None:
+        model = extra.model
     cmd = ["worker", "--model", str(model), "--role", role, "--router", router, "--engine", spec.engine,
            "--block-size", str(spec.block_size), "--worker-id", f"{role}-{index}",
            "--mock-speedup", str(spec.mock_speedup), "--dtype", spec.dtype, "--kv-transfer", spec.kv_transfer,
@@ -174,8 +191,11 @@ def worker_command(spec: GraphSpec, model: Path, router: str, role: str, index: 
         cmd += ["--switchable" if spec.switchable else "--fixed-role"]
     if role == "decode" and spec.decode_max_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(spec.decode_max_batched_tokens)]
-    if spec.served_model_names:
-        cmd += ["--served-model-name", spec.served_model_names[0]]
+    names = spec.served_model_names if extra is None else extra.served_model_names
+    if names:
+        cmd += ["--served-model-name", names[0]]
+    if extra is None:
+        cmd += [a for lora in spec.lora_modules for a in ("--lora-modules", lora)]
     cmd += tracing_args(spec.otlp_traces_endpoint)
     engine_args = pool_engine_args(spec, role)
     if spec.placement is not None and index < len(spec.placement.engines):
@@ -192,7 +212,13 @@ def worker_roles(spec: GraphSpec) -> list[str]:
 
 
 def worker_commands(spec: GraphSpec, model: Path, router: str, kvtier: str = "") -> list[list[str]]:
-    return [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(worker_roles(spec))]
+    """The first model's workers, then each extra model's (the same pools; ids and cores numbered on)."""
+    roles = worker_roles(spec)
+    cmds = [worker_command(spec, model, router, role, i, kvtier) for i, role in enumerate(roles)]
+    for extra in spec.extra_models:
+        for role in roles:
+            cmds.append(worker_command(spec, model, router, role, len(cmds), kvtier, extra))
+    return cmds
 
 
 def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
@@ -231,8 +257,10 @@ def frontend_commands(spec: GraphSpec, model: Path, router: str) -> list[list[st
     shared port, /metrics answers from whichever process the kernel picked)."""
     cmd = ["frontend", "--model", str(model), "--router", router, "--host", spec.host, "--port", str(spec.port),
            *spec.http_limits.args(), *spec.frontend_args, *tracing_args(spec.otlp_traces_endpoint)]
-    if spec.served_model_names:
-        cmd += ["--served-model-name", ",".join(spec.served_model_names)]
+    if spec.served_model_names or spec.extra_models:  # names pair with models in order: each model's given
+        cmd += ["--served-model-name", ",".join(spec.served_model_names or (model.resolve().name,))]
+    for extra in spec.extra_models:
+        cmd += ["--model", str(extra.model), "--served-model-name", ",".join(extra.served_model_names)]
     if spec.num_frontends <= 1:
         return [cmd]
     return [[*cmd, "--metrics-port", str(free_port())] for _ in range(spec.num_frontends)]

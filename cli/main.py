@@ -15,7 +15,7 @@ from cli.cmd_planner import planner_cmd, planner_events
 from cli.cmd_roles import set_role
 from cli.cmd_router import router
 from cli.cmd_sizing import plan, profile
-from cli.cmd_tools import keys_make, make_tiny
+from cli.cmd_tools import keys_make, make_tiny, make_tiny_lora
 from cli.cmd_up import up
 from cli.cmd_workers import workers
 from cli.config_file import ConfigFileCommand, PooledConfigFileCommand
@@ -46,6 +46,7 @@ app.command("planner")(planner_cmd)
 app.command("planner-events")(planner_events)
 keys_app.command("make")(keys_make)
 model_app.command("make-tiny")(make_tiny)
+model_app.command("make-tiny-lora")(make_tiny_lora)
 
 
 def frontend_main() -> None:

@@ -142,6 +142,26 @@ def served_names(option: str | None, default: str) -> tuple[str, ...]:
     return names or (default,)
 
 
+def lora_modules(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--lora-modules name=path`` (repeated, or comma-separated; vLLM's spelling): (name, path) pairs, checked."""
+    pairs: list[tuple[str, str]] = []
+    for item in (part.strip() for value in values or () for part in value.split(",")):
+        name, sep, path = item.partition("=")
+        if not item:
+            continue
+        if not sep or not name.strip() or not path.strip():
+            raise typer.BadParameter(f"{item!r} is not name=path", param_hint="--lora-modules")
+        pairs.append((name.strip(), path.strip()))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise typer.BadParameter(f"an adapter name is given twice: {', '.join(names)}", param_hint="--lora-modules")
+    return tuple(pairs)
+
+
+LORA_MODULES_HELP = ("LoRA adapters to load at start, name=path (a PEFT directory; repeat or comma-separate, as "
+                     "vLLM's --lora-modules): requests whose model is NAME run with it. The mock engine takes the "
+                     "names only")
+
 # `--served-model-name`'s help, shared by the commands that take it.
 SERVED_NAME_HELP = ("Names clients use, comma-separated: responses carry the first, requests may use any (vLLM's "
                     "--served-model-name a b). Default: the Hugging Face id, or the model directory's name")

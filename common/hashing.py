@@ -9,6 +9,10 @@ Byte layout, exactly (any other implementation must reproduce it bit for bit):
   ``local[i] = xxh3_64(token ids of block i as little-endian u32, seed=seed)``.
 * Chain: ``seq[0] = local[0]``; ``seq[i] = xxh3_64(le_u64(seq[i-1]) + le_u64(local[i]), seed=seed)``
   (16 bytes of input). Every xxh3 call of the chain uses the same ``seed``: one rule, no exceptions.
+* A LoRA adapter's blocks are hashed under ``adapter_seed(model_seed, lora_name)`` =
+  ``hash_seed(hex(model_seed), lora_name)``: the base model's seed (its identity's) and the adapter's name, so the
+  same tokens under two adapters, or under an adapter and the base model, never share a hash. Every process
+  derives it from the seed the workers registered; ``lora_name`` "" is the base model's seed itself.
 * A trailing partial block is not hashed. Results are unsigned 64-bit Python ints.
 
 ``seq[i]`` therefore names the whole prefix ``tokens[: (i + 1) * block_size]`` under that seed: equal hashes
@@ -38,6 +42,11 @@ def hash_seed(model: str, lora_name: str = "", cache_salt: str = "") -> int:
         payload += _U32.pack(len(raw))
         payload += raw
     return xxh3_64_intdigest(bytes(payload), 0)
+
+
+def adapter_seed(model_seed: int, lora_name: str) -> int:
+    """The seed of a LoRA adapter's blocks on a model whose seed is ``model_seed``; the model's own for "" ."""
+    return hash_seed(f"{model_seed:x}", lora_name) if lora_name else model_seed
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, seed: int) -> list[int]:

@@ -50,6 +50,7 @@ class StreamResult:
     cached_tokens: int | None = None
     finish_reason: str = ""
     done: bool = False  # saw data: [DONE]
+    text: str = ""  # the streamed text, every choice's joined
     num_events: int = 0  # every data event, [DONE] included
 
     @property
@@ -148,6 +149,7 @@ class SseReader:
             details = usage.get("prompt_tokens_details") or {}
             if details.get("cached_tokens") is not None:
                 res.cached_tokens = details["cached_tokens"]
+        res.text += text
         if text or k:
             res.chunk_times_s.append(now - res.sent_s)
             res.chunk_tokens.append(k if k else 1)

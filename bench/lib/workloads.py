@@ -13,6 +13,8 @@ messages of text (one word per token id, so ISL is only approximate there).
   the history grows and an earlier turn's prompt is a prefix of the next one's. The stand-in answer is
   synthetic (the real answer's tokens are not known to the client); the server's cache can reuse the earlier
   prompt, not the answer. Think time between turns from a distribution (seconds).
+- ``long-mix``: unique random prompts, a ``long_fraction`` of them (each request a seeded coin flip) of
+  ``long_isl`` tokens among short ones of ``isl``: the long prefills are what stalls a co-located decode (ITL p99).
 - ``trace``: Mooncake-style JSONL, one request per line: ``timestamp`` (ms), ``input_length``,
   ``output_length``, ``hash_ids``. Hash id h is a block of ``block_tokens`` (512) deterministic synthetic
   tokens (a function of seed and h only), so requests with equal leading hash ids share that prefix; the
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("synthetic", "shared-prefix", "multi-turn", "trace")
+WORKLOADS = ("synthetic", "shared-prefix", "multi-turn", "long-mix", "trace")
 DEFAULT_VOCAB_RANGE = (100, 8000)
 TRACE_BLOCK_TOKENS = 512
 
@@ -147,6 +149,8 @@ class WorkloadSpec:
     prefix_skew: float = 0.0
     turns: str = "4"
     think_time_s: str = "0"
+    long_isl: str = "2048"
+    long_fraction: float = 0.2
     trace: str | None = None
     trace_time_scale: float = 1.0
     block_tokens: int = TRACE_BLOCK_TOKENS
@@ -156,8 +160,10 @@ class WorkloadSpec:
     def describe(self) -> dict[str, Any]:
         """The conditions this workload runs under (distributions described, not just strings)."""
         out: dict[str, Any] = {"kind": self.kind, "vocab_range": list(self.vocab_range)}
-        if self.kind in ("synthetic", "multi-turn"):
+        if self.kind in ("synthetic", "multi-turn", "long-mix"):
             out["isl"] = Dist.parse(self.isl).describe()
+        if self.kind == "long-mix":
+            out.update(long_isl=Dist.parse(self.long_isl).describe(), long_fraction=self.long_fraction)
         if self.kind != "trace":
             out["osl"] = Dist.parse(self.osl).describe()
         if self.kind == "shared-prefix":
@@ -208,6 +214,8 @@ def make_workload(spec: WorkloadSpec, num_requests: int, seed: int, salt: int = 
         isl = Dist.parse(spec.isl)
         return [Session((Turn((Segment("user", src.block(_UNIQUE, i, isl.sample_int(rng))),), osl.sample_int(rng)),))
                 for i in range(num_requests)]
+    if spec.kind == "long-mix":
+        return long_mix_sessions(spec, num_requests, rng, src)
     if spec.kind == "shared-prefix":
         if spec.num_prefixes < 1 or spec.prefix_len < 0:
             raise ValueError("shared-prefix needs num_prefixes >= 1 and prefix_len >= 0")
@@ -242,6 +250,21 @@ def make_workload(spec: WorkloadSpec, num_requests: int, seed: int, salt: int = 
         return trace_sessions(load_trace(Path(spec.trace), num_requests), src, spec.block_tokens,
                               spec.trace_time_scale)
     raise ValueError(f"unknown workload {spec.kind!r}; known: {', '.join(WORKLOADS)}")
+
+
+def long_mix_sessions(spec: WorkloadSpec, num_requests: int, rng: random.Random, src: TokenSource) -> list[Session]:
+    """One-turn sessions: request i is long (``long_isl``) with probability ``long_fraction``, else ``isl``;
+    tagged "long" / "short" so a report can split the latencies."""
+    if not 0.0 <= spec.long_fraction <= 1.0:
+        raise ValueError(f"long_fraction {spec.long_fraction} is not in [0, 1]")
+    short, long_, osl = Dist.parse(spec.isl), Dist.parse(spec.long_isl), Dist.parse(spec.osl)
+    sessions = []
+    for i in range(num_requests):
+        is_long = rng.random() < spec.long_fraction
+        n = (long_ if is_long else short).sample_int(rng)
+        sessions.append(Session((Turn((Segment("user", src.block(_UNIQUE, i, n)),), osl.sample_int(rng)),),
+                                tag="long" if is_long else "short"))
+    return sessions
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Union
 
 import msgspec
 
+from common.protocol.adapters import AdapterDone, LoadAdapter, UnloadAdapter
 from common.protocol.base import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -74,6 +75,7 @@ from common.protocol.workers import (
 
 __all__ = [
     "Abort",
+    "AdapterDone",
     "AllCleared",
     "BlockRemoved",
     "BlockStored",
@@ -90,6 +92,7 @@ __all__ = [
     "KvTransferMode",
     "KvTransferParams",
     "ListWorkers",
+    "LoadAdapter",
     "Msg",
     "PROTOCOL_VERSION",
     "RegisterAck",
@@ -117,6 +120,7 @@ __all__ = [
     "TokensBatch",
     "TransferSample",
     "Unregister",
+    "UnloadAdapter",
     "WorkerInfo",
     "WorkerList",
     "WorkerLoad",
@@ -154,6 +158,9 @@ Message = Union[
     ScaleRequest,
     SetRole,
     RoleSet,
+    LoadAdapter,
+    UnloadAdapter,
+    AdapterDone,
     ErrorReply,
 ]
 

@@ -21,6 +21,9 @@ class RouteRequest(Msg, frozen=True):
     request_id: str
     model: str
     token_ids: tuple[int, ...]
+    # The LoRA adapter the request runs with ("": the base model): only workers holding it are candidates, and
+    # its prefixes are hashed under the adapter's seed (common/hashing.py: adapter_seed).
+    lora_name: str = ""
     # Workers the frontend wants avoided (e.g. one that just failed this request).
     exclude_worker_ids: tuple[str, ...] = ()
     # Worker processes (WorkerInfo.instance_id) to avoid: the one a migrating request lost, not its restart.
@@ -85,6 +88,9 @@ class Generate(Msg, frozen=True):
     kvtier_remote: str = ""
     # W3C traceparent of the frontend's request span ("" = not traced): the worker's phase spans join its trace.
     traceparent: str = ""
+    # Run with this LoRA adapter ("": the base model), on the prefill and the decode engine alike: the KV one
+    # hands the other is the adapter's.
+    lora_name: str = ""
 
 
 class Tokens(Msg, frozen=True):

@@ -143,6 +143,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     # The engine's configuration as it runs, by vLLM's names (max_model_len, tensor_parallel_size, enforce_eager,
     # ...): what `splitserve router workers` shows.
     engine_settings: dict[str, str] = msgspec.field(default_factory=dict)
+    # The LoRA adapters the engine holds (--lora-modules, then LoadAdapter/UnloadAdapter; heartbeats update it).
+    lora_names: tuple[str, ...] = ()
 
 
 class TransferSample(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -213,6 +215,8 @@ class Heartbeat(Msg, frozen=True):
     role: Role | Literal[""] = ""
     # Tier loads finished since the previous heartbeat, oldest first (the router learns tier speeds from them).
     tier_loads: tuple[TierLoadSample, ...] = ()
+    # The LoRA adapters the engine holds now (a LoadAdapter or UnloadAdapter changed them); None: as registered.
+    lora_names: tuple[str, ...] | None = None
 
 
 class Unregister(Msg, frozen=True):

@@ -49,10 +49,11 @@ class Answers:
     async def answer(self, resp: Response, shape: Shape, token_ids: tuple[int, ...], sampling: SamplingParams,
                      stop: tuple[str, ...], body: Body, tools: ToolPlan | None = None,
                      parse: Callable[[], ParseSession] | None = None, echo: Echo | None = None,
-                     pipeline_id: str | None = None) -> None:
+                     pipeline_id: str | None = None, lora_name: str = "") -> None:
         """Stream or collect every choice, then answer; ``tools``: a forced tool call (its JSON leaves as
         tool_calls); ``parse``: makes one choice's vLLM parsers (reasoning, tool calls "auto"); ``echo``: what
-        the answer starts with (echo.py); ``pipeline_id``: the request's id in the graph (default shape.id)."""
+        the answer starts with (echo.py); ``pipeline_id``: the request's id in the graph (default shape.id);
+        ``lora_name``: the adapter of ``body.model`` (a served model's name) to run with."""
         sessions: list[ParseSession] | None = [parse() for _ in range(body.n)] if parse else None
         structlog.contextvars.bind_contextvars(request_id=shape.id)
         start_s = time.perf_counter()
@@ -70,7 +71,8 @@ class Answers:
                 self.metrics.arrival_max_tokens.observe(sampling.max_tokens)
         self.metrics.inflight.inc()
         try:
-            fanout = Choices(self.pipeline, pipeline_id or shape.id, body.model, token_ids, sampling, body.n)
+            fanout = Choices(self.pipeline, pipeline_id or shape.id, body.model, token_ids, sampling, body.n,
+                             lora_name)
             gen = fanout.__aiter__()
             async with aclosing(gen):
                 async for index, out in gen:

@@ -24,8 +24,9 @@ class Choices:
     """Merged output slices of ``n`` choices as (index, Tokens); ``stop(index)`` ends one early."""
 
     def __init__(self, pipeline: Pipeline, request_id: str, model: str, token_ids: tuple[int, ...],
-                 sampling: SamplingParams, n: int) -> None:
+                 sampling: SamplingParams, n: int, lora_name: str = "") -> None:
         self._pipeline = pipeline
+        self._lora_name = lora_name  # of ``model``; "": the base model
         self._request_id = request_id
         self._model = model
         self._token_ids = token_ids
@@ -40,7 +41,8 @@ class Choices:
         self._open = set(range(self._n))
         if self._n == 1:
             # The common case, on the hot path: no task and no queue between the worker's stream and the client.
-            gen = self._pipeline.generate(self._request_id, self._model, self._token_ids, self._sampling)
+            gen = self._pipeline.generate(self._request_id, self._model, self._token_ids, self._sampling,
+                                          lora_name=self._lora_name)
             async with aclosing(gen):
                 async for out in gen:
                     yield 0, out
@@ -89,7 +91,8 @@ class Choices:
                 route = Route(request_id=request_id, decode=decoding.decode)
         on_decode = self._decode_started if index == 0 and self._n > 1 else None
         try:
-            gen = self._pipeline.generate(request_id, self._model, self._token_ids, sampling, route, on_decode)
+            gen = self._pipeline.generate(request_id, self._model, self._token_ids, sampling, route, on_decode,
+                                          self._lora_name)
             async with aclosing(gen):
                 async for out in gen:
                     self._queue.put_nowait((index, out))

@@ -54,8 +54,12 @@ class ResponseShape:
 
     def delta_chunk(self, text: str, logprobs: dict[str, Any] | None = None, index: int = 0,
                     usage: dict[str, Any] | None = None) -> bytes:
-        if logprobs is None and index == 0 and usage is None:
-            return self._head + orjson.dumps(text) + self._tail
+        if logprobs is None and index == 0:
+            if usage is None:
+                return self._head + orjson.dumps(text) + self._tail
+            # Continuous usage (vLLM's continuous_usage_stats) after the choices, as _chunk orders it: the
+            # tail without its closing brace, then the usage.
+            return self._head + orjson.dumps(text) + self._tail[:-3] + b',"usage":' + orjson.dumps(usage) + b"}\n\n"
         body = {"delta": {"content": text}} if self.is_chat else {"text": text}
         return self._chunk([{"index": index, **body, "logprobs": logprobs, "finish_reason": None}], usage)
 

@@ -39,12 +39,14 @@ class Health:
     reasons: tuple[str, ...] = ()
 
 
-def count_pools(listed: WorkerList, model: str) -> PoolCounts:
+def count_pools(listed: WorkerList, models: str | tuple[str, ...]) -> PoolCounts:
+    """The serving workers of ``models`` (one name or the frontend's several) by pool, and the draining ones."""
+    models = (models,) if isinstance(models, str) else models
     draining = set(listed.draining)
-    serving = [w.role for w in listed.workers if w.model == model and w.worker_id not in draining]
+    serving = [w.role for w in listed.workers if w.model in models and w.worker_id not in draining]
     return PoolCounts(num_prefill=sum(r == "prefill" for r in serving),
                       num_decode=sum(r in ("decode", "both") for r in serving),
-                      num_draining=sum(w.model == model and w.worker_id in draining for w in listed.workers))
+                      num_draining=sum(w.model in models and w.worker_id in draining for w in listed.workers))
 
 
 def judge_health(counts: PoolCounts, pools_seen: frozenset[str]) -> Health:

@@ -25,6 +25,7 @@ from common.protocol import (
     Handoff,
     KvTransferParams,
     ListWorkers,
+    Message,
     Route,
     RouteRequest,
     SamplingParams,
@@ -142,6 +143,10 @@ class Pipeline:
         stats = await asyncio.gather(*(one(w) for w in listed.workers))
         return list(zip(listed.workers, stats))
 
+    async def ask_worker(self, endpoint: str, msg: Message, timeout_s: float) -> Message:
+        """One request to one worker and its reply (RemoteError, TransportTimeout as the transport raises)."""
+        return await self._client(endpoint).request(msg, timeout_s)
+
     async def list_workers(self, timeout_s: float = 1.0) -> WorkerList:
         reply = await self._router.request(ListWorkers(request_id=new_id("ls")), timeout_s)
         assert isinstance(reply, WorkerList)
@@ -149,10 +154,11 @@ class Pipeline:
 
     async def route(self, request_id: str, model: str, token_ids: tuple[int, ...],
                     exclude: tuple[str, ...] = (), exclude_instances: tuple[str, ...] = (),
-                    no_worker_wait_s: float | None = None) -> Route:
+                    no_worker_wait_s: float | None = None, lora_name: str = "") -> Route:
         with tracing.span("route", phase="route"):
             msg = RouteRequest(request_id=request_id, model=model, token_ids=token_ids, exclude_worker_ids=exclude,
-                               exclude_instance_ids=exclude_instances, traceparent=tracing.traceparent())
+                               exclude_instance_ids=exclude_instances, traceparent=tracing.traceparent(),
+                               lora_name=lora_name)
             return await self._route(msg, no_worker_wait_s)
 
     async def _route(self, msg: RouteRequest, no_worker_wait_s: float | None) -> Route:
@@ -171,12 +177,13 @@ class Pipeline:
             await asyncio.sleep(0.1)
 
     async def generate(self, request_id: str, model: str, token_ids: tuple[int, ...], sampling: SamplingParams,
-                       route: Route | None = None,
-                       on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+                       route: Route | None = None, on_decode: Callable[[Route], None] | None = None,
+                       lora_name: str = "") -> AsyncIterator[Tokens]:
         """Yield output slices; the last has finish_reason. Migrates to another worker if one is lost.
 
         ``route``: take this route (first attempt) instead of asking the router. ``on_decode``: called with the
-        route once the decode worker streams (its prompt KV is then in its prefix cache)."""
+        route once the decode worker streams (its prompt KV is then in its prefix cache). ``lora_name``: the
+        LoRA adapter of ``model`` to run with, on the prefill and the decode worker alike."""
         generated: list[int] = []
         # Lost worker processes; by instance (a restarted worker keeps its id and must stay eligible), or by
         # id for a worker that does not say its instance.
@@ -190,9 +197,9 @@ class Pipeline:
                 # A migrating request waits for a capable worker (its only one may be restarting) up to
                 # migration_wait_s.
                 route = await self.route(request_id, model, prompt, excluded, excluded_instances,
-                                         self.config.migration_wait_s if attempt else None)
+                                         self.config.migration_wait_s if attempt else None, lora_name)
             try:
-                async for out in self._run(request_id, prompt, remaining, route, on_decode):
+                async for out in self._run(request_id, prompt, remaining, route, on_decode, lora_name):
                     generated.extend(out.token_ids)
                     if num_cached < 0:
                         num_cached = out.num_cached_tokens
@@ -213,7 +220,7 @@ class Pipeline:
         raise WorkerLost(f"request {request_id} lost its worker {self.config.migration_limit + 1} times")
 
     async def _run(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, route: Route,
-                   on_decode: Callable[[Route], None] | None = None) -> AsyncIterator[Tokens]:
+                   on_decode: Callable[[Route], None] | None = None, lora_name: str = "") -> AsyncIterator[Tokens]:
         handoff = None
         held: Tokens | None = None  # the prefill's first token, sent with the decode worker's first output
         # The prefill worker whose finished prefill holds the prompt's KV for this decode, while the decode is
@@ -225,7 +232,7 @@ class Pipeline:
             # KV never did: such a request is prefilled where it decodes.
             if route.prefill is not None and sampling.prompt_logprobs is None:
                 self.metrics.prefill_decisions.labels(where="remote").inc()
-                prefilled = await self._prefill(request_id, prompt, sampling, route)
+                prefilled = await self._prefill(request_id, prompt, sampling, route, lora_name)
                 if prefilled is not None:
                     unread_prefill = route.prefill.endpoint if prefilled.kv_transfer is not None else None
                     first = Tokens(request_id=request_id, token_ids=(prefilled.first_token_id,),
@@ -243,7 +250,8 @@ class Pipeline:
                 self.metrics.prefill_decisions.labels(where="local").inc()
             # The same prompt and budget as the prefill's: the hand-off says what was made there (continuation.py).
             msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, handoff=handoff,
-                           kvtier_remote=route.kvtier_remote, traceparent=tracing.traceparent())
+                           kvtier_remote=route.kvtier_remote, traceparent=tracing.traceparent(),
+                           lora_name=lora_name)
             decode_sent = True
             async for out in self._stream(self._client(route.decode.endpoint), msg):
                 unread_prefill = None  # the decode has the KV (stopped before its pull: vLLM tells the prefill)
@@ -276,11 +284,11 @@ class Pipeline:
             pass
 
     async def _prefill(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
-                       route: Route) -> _Prefilled | None:
+                       route: Route, lora_name: str = "") -> _Prefilled | None:
         """Run the prompt on the prefill worker; None means it failed and the decode worker prefills."""
         assert route.prefill is not None
         msg = Generate(request_id=request_id, token_ids=prompt, sampling=sampling, prefill_only=True,
-                       traceparent=tracing.traceparent())
+                       traceparent=tracing.traceparent(), lora_name=lora_name)
         try:
             async for out in self._stream(self._client(route.prefill.endpoint), msg,
                                           idle_timeout_s=self.config.prefill_timeout_s):

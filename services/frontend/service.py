@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import time
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import orjson
 import structlog
 
@@ -19,6 +21,7 @@ from services.frontend import utility_api
 from services.frontend.admission import AdmissionConfig
 from services.frontend.admission_gate import AdmissionGate, current_priority
 from services.frontend.answer import Answers
+from services.frontend.adapters_api import change_adapters, parse_adapter_request
 from services.frontend.chat_request import parse_chat_request, render
 from services.frontend.completion_bodies import ResponseShape
 from services.frontend.context import offload_tokenization, served_context_len, truncate_prompt
@@ -32,6 +35,7 @@ from services.frontend.openai_api import (
     ApiError,
     ChatCompletionRequest,
     completion_prompt,
+    parse_chat,
     parse_completion,
     stop_strings,
 )
@@ -39,17 +43,16 @@ from services.frontend.pipeline import Pipeline, PipelineConfig
 from services.frontend.request_ids import response_ids
 from services.frontend.responses_as_chat import ResponsesShape, parse_responses
 from services.frontend.sampling import engines_of, guided_field, refusal_for_engines, sampling_params
-from services.frontend.served_models import ServedModels
+from services.frontend.model_context import FrontendModel, ModelContext
+from services.frontend.served_models import ServedModel, ServedModels, Target
 from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_prompt_chars, max_tokens_for
-from services.frontend.tokenizer import ModelTokenizer
-from services.frontend.tool_parsers import parser_for_template
 from services.frontend.tools import ToolPlan
-from services.frontend.vllm_parsers import VllmParsers
 
 log = structlog.get_logger(__name__)
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
+          "/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST",
           "/health": "GET", "/tokenize": "POST", "/detokenize": "POST", "/version": "GET", "/ping": "GET",
           "/metrics": "GET", "/dashboard": "GET", "/dashboard/data": "GET"}
 
@@ -84,16 +87,23 @@ class FrontendConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    # The models served after the first (model_name, model_dir, model_aliases), each with its own workers
+    # (docs/fleet.md): `frontend --model DIR --model DIR2 --served-model-name a --served-model-name b`.
+    extra_models: tuple[FrontendModel, ...] = ()
 
 
 class FrontendService:
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
-        self.tokenizer = ModelTokenizer(config.model_dir, config.chat_template)
         self.metrics = FrontendMetrics()
         self.pipeline = Pipeline(config.pipeline, self.metrics)
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
-        self._served_models = ServedModels(config.model_name, config.model_aliases)
+        models = (FrontendModel(config.model_name, config.model_dir, config.model_aliases), *config.extra_models)
+        self._served_models = ServedModels(tuple(ServedModel(m.name, m.aliases) for m in models))
+        self._models = {m.name: ModelContext.build(m.model_dir, config.chat_template, config.tool_call_parser,
+                                                   config.reasoning_parser, self.pipeline, self.metrics)
+                        for m in models}
+        self.tokenizer = self._models[config.model_name].tokenizer  # the first model's
         self.port = 0
         # (monotonic time, serving workers by pool) of the last /health look at the router, and every pool
         # seen serving since start (one gone empty makes /health "degraded").
@@ -103,14 +113,6 @@ class FrontendService:
         self._gate = AdmissionGate(config.admission or AdmissionConfig(max_inflight=config.max_inflight_requests))
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
         self._pool = ThreadPoolExecutor(config.num_tokenizer_threads, thread_name_prefix="tokenize")
-        # A token's own text, for logprobs (special tokens kept: the model did sample them).
-        decode = self.tokenizer.tokenizer.decode
-        self._tool_parser = parser_for_template(self.tokenizer.chat_template_source)
-        # vLLM's own parsers when named (imports vLLM); else the frontend's Hermes / Llama 3 JSON reader.
-        self._parsers = (VllmParsers(config.model_dir, config.tool_call_parser, config.reasoning_parser)
-                         if config.tool_call_parser or config.reasoning_parser else None)
-        token_text = functools.lru_cache(maxsize=1 << 16)(lambda i: decode([i], skip_special_tokens=False))
-        self._answers = Answers(self.pipeline, self.metrics, self.tokenizer, token_text)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         def started(port: int) -> None:
@@ -118,7 +120,7 @@ class FrontendService:
             if self.config.metrics_port:  # after the HTTP bind: metrics answering means this process serves
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("frontend_ready", url=f"http://{self.config.http.host}:{port}/v1",
-                     model=self.config.model_name,
+                     models=list(self._models),
                      fast_encoder=self.tokenizer.fast_path.reason or "on")
             if ready is not None:
                 ready.set()
@@ -154,22 +156,23 @@ class FrontendService:
                     async with self._gate.admitted(req.path, req.body, req.headers):
                         await self._responses(req, resp)
                 case ("GET", "/v1/models"):
-                    resp.send(200, self._served_models.listing())
+                    resp.send(200, self._served_models.listing(await self._worker_list()))
+                case ("POST", "/v1/load_lora_adapter" | "/v1/unload_lora_adapter"):
+                    await self._change_adapters(req, resp, load=req.path == "/v1/load_lora_adapter")
                 case ("GET", "/health"):
                     await self._health(resp)
                 case ("GET" | "POST", "/ping"):
                     resp.send((await self._judge_health())[0].http_status, b"", b"text/plain")
                 case ("POST", "/tokenize"):
                     request = utility_api.parse_tokenize(req.body)
-                    if request.model is not None:
-                        self._served_models.canonical(request.model)
+                    model = self._served_models.canonical(request.model or self.config.model_name)
                     resp.send(200, await self._off_loop(functools.partial(
-                        utility_api.tokenize, request, self.tokenizer, self._context_len()), len(req.body)))
+                        utility_api.tokenize, request, self._models[model].tokenizer, self._context_len(model)),
+                        len(req.body)))
                 case ("POST", "/detokenize"):
                     request = utility_api.parse_detokenize(req.body)
-                    if request.model is not None:
-                        self._served_models.canonical(request.model)
-                    resp.send(200, utility_api.detokenize(request, self.tokenizer))
+                    model = self._served_models.canonical(request.model or self.config.model_name)
+                    resp.send(200, utility_api.detokenize(request, self._models[model].tokenizer))
                 case ("GET", "/version"):
                     resp.send(200, utility_api.version())
                 case ("GET", "/metrics"):
@@ -222,7 +225,7 @@ class FrontendService:
         checked_at, counts = self._workers_cache
         if now - checked_at > self.config.worker_list_ttl_s:
             try:
-                counts = count_pools(await self.pipeline.list_workers(), self.config.model_name)
+                counts = count_pools(await self.pipeline.list_workers(), tuple(self._models))
             except SplitserveError:
                 counts = PoolCounts()
             self._workers_cache = (now, counts)
@@ -230,9 +233,47 @@ class FrontendService:
         return judge_health(counts, self._pools_seen), counts
 
     # ----------------------------------------------------------------------------------------- generation
-    def _context_len(self) -> int:
-        return served_context_len(self.tokenizer.max_model_len, self.pipeline.last_worker_list,
-                                  self.config.model_name)
+    async def _change_adapters(self, req: Request, resp: Response, load: bool) -> None:
+        adapter = parse_adapter_request(req.body, load)
+        try:
+            workers = await self.pipeline.list_workers()
+        except SplitserveError as exc:
+            raise ApiError(503, f"the router did not answer: {exc}", code="no_worker", type_="server_error") from None
+        text = await change_adapters(self.pipeline.ask_worker, workers, self._served_models, adapter, load)
+        log.info("adapter_loaded" if load else "adapter_unloaded", lora_name=adapter.lora_name)
+        with contextlib.suppress(SplitserveError):  # the workers beat the router with it before they answered us
+            self.pipeline.last_worker_list = await self.pipeline.list_workers()
+        resp.send(200, text.encode(), b"text/plain; charset=utf-8")
+
+    async def _worker_list(self):
+        """The router's last worker list (fetched when there is none yet); None without a router."""
+        if self.pipeline.last_worker_list is None:
+            try:
+                return await self.pipeline.list_workers()
+            except SplitserveError:
+                return None
+        return self.pipeline.last_worker_list
+
+    async def _served(self, body):
+        """The request under its served model's name (what workers registered), what it names (an adapter
+        too), and that model's tokenizer and parsers."""
+        try:
+            target = self._served_models.target(body.model, self.pipeline.last_worker_list)
+        except ApiError as miss:
+            # Not a name here by the last list: an adapter loaded since may be (one fresh look, on a miss only).
+            try:
+                self.pipeline.last_worker_list = await self.pipeline.list_workers()
+            except SplitserveError:
+                raise miss from None
+            target = self._served_models.target(body.model, self.pipeline.last_worker_list)
+        body = body if target.model == body.model else msgspec.structs.replace(body, model=target.model)
+        return body, target, self._models[target.model]
+
+    def _context_len(self, model: str | None = None) -> int:
+        """How long a sequence of ``model`` (default: the first) may be: its config's, capped by its workers."""
+        model = model or self.config.model_name
+        return served_context_len(self._models[model].tokenizer.max_model_len, self.pipeline.last_worker_list,
+                                  model)
 
     async def _off_loop(self, fn, num_chars: int):
         """Runs template/tokenizer work in the pool when it is long enough to hold up other streams."""
@@ -247,31 +288,32 @@ class FrontendService:
     async def _chat(self, req: Request, resp: Response, body: ChatCompletionRequest | None = None,
                     shape: ResponseShape | ResponsesShape | None = None) -> None:
         """parse, render, admit, generate, shape. ``body``, ``shape``: /v1/responses' request as a chat one."""
-        tokenizer = self.tokenizer
-        chat = parse_chat_request(req.body, body, self._served_models, self._parsers if body is None else None,
-                                  self._tool_parser, self.config.enable_auto_tool_choice)
+        served, target, ctx = await self._served(body or parse_chat(req.body))
+        tokenizer, context_len = ctx.tokenizer, self._context_len(target.model)
+        chat = parse_chat_request(req.body, served, self._served_models, ctx.parsers if body is None else None,
+                                  ctx.tool_parser, self.config.enable_auto_tool_choice)
         if chat.body.truncate_prompt_tokens is None:  # a prompt to be truncated may be any length
-            check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, self._context_len(), "messages")
+            check_prompt_chars(chat.num_chars, tokenizer.max_token_chars, context_len, "messages")
         prompt = await self._off_loop(functools.partial(render, tokenizer, chat), chat.num_chars)
         token_ids = self._truncated(prompt.token_ids, chat.body)
-        max_tokens = max_tokens_for(chat.max_tokens, len(token_ids), self._context_len())
+        max_tokens = max_tokens_for(chat.max_tokens, len(token_ids), context_len)
         sampling = sampling_params(chat.body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size, chat.tools,
                                    tokenizer.encode)
         public_id, pipeline_id = response_ids("chatcmpl", req.headers, chat.body)
-        shape = shape or ResponseShape.chat(public_id, chat.body.model)
+        shape = shape or ResponseShape.chat(public_id, target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt.text)
         await self._generate(resp, shape, tuple(token_ids), sampling, chat.stop, chat.body, chat.answer_tools,
                              chat.parse, chat_echo(chat.body, chat.messages), pipeline_id,
-                             guided_field(chat.body, chat.tools))
+                             guided_field(chat.body, chat.tools), target)
 
     async def _completion(self, req: Request, resp: Response) -> None:
         """parse, tokenize, admit, generate, shape."""
-        tokenizer = self.tokenizer
-        body = self._served_models.served(parse_completion(req.body))
+        body, target, ctx = await self._served(parse_completion(req.body))
+        tokenizer, context_len = ctx.tokenizer, self._context_len(target.model)
         prompt = completion_prompt(body.prompt, tokenizer.vocab_size)
         if isinstance(prompt, str) and body.truncate_prompt_tokens is None:  # one to be truncated: any length
-            check_prompt_chars(len(prompt), tokenizer.max_token_chars, self._context_len(), "prompt")
+            check_prompt_chars(len(prompt), tokenizer.max_token_chars, context_len, "prompt")
         if isinstance(prompt, str):
             token_ids = await self._off_loop(lambda: tokenizer.encode(prompt), len(prompt))
         else:
@@ -279,37 +321,41 @@ class FrontendService:
         if not token_ids:
             raise ApiError(400, "prompt encodes to no tokens", param="prompt")
         token_ids = self._truncated(token_ids, body)
-        max_tokens = max_tokens_for(body.max_tokens, len(token_ids), self._context_len(),
+        max_tokens = max_tokens_for(body.max_tokens, len(token_ids), context_len,
                                     COMPLETION_DEFAULT_MAX_TOKENS, param="prompt")
         sampling = sampling_params(body, max_tokens, tokenizer.eos_token_ids, tokenizer.vocab_size,
                                    encode=tokenizer.encode)
         public_id, pipeline_id = response_ids("cmpl", req.headers, body)
-        shape = ResponseShape.completion(public_id, body.model)
+        shape = ResponseShape.completion(public_id, target.name)
         if self.config.log_prompts:
             log.info("request_prompt", request_id=shape.id, prompt=prompt)
         echo = completion_echo(body, prompt, tuple(token_ids), tokenizer.tokenizer.decode)
         await self._generate(resp, shape, tuple(token_ids), sampling, stop_strings(body.stop), body, None, None, echo,
-                             pipeline_id, guided_field(body, None))
+                             pipeline_id, guided_field(body, None), target)
 
     def _truncated(self, token_ids, body):
         """vLLM's truncate_prompt_tokens applied to the tokenized prompt (context.truncate_prompt)."""
         try:
-            return truncate_prompt(token_ids, body.truncate_prompt_tokens, body.truncation_side, self._context_len())
+            return truncate_prompt(token_ids, body.truncate_prompt_tokens, body.truncation_side,
+                                   self._context_len(body.model))
         except ValueError as exc:
             raise ApiError(400, str(exc), param="truncate_prompt_tokens") from exc
 
     async def _generate(self, resp: Response, shape: ResponseShape, token_ids: tuple[int, ...], sampling,
                         stop: tuple[str, ...], body, tools: ToolPlan | None = None, parse=None,
                         echo: Echo | None = None, pipeline_id: str | None = None,
-                        guided_by: str = "response_format") -> None:
+                        guided_by: str = "response_format", target: Target | None = None) -> None:
         """``echo``: what the answer starts with; ``pipeline_id``: the graph's id when not the response's;
-        ``guided_by``: the field that asked for guided decoding (named if an engine cannot)."""
-        await self._check_engines(sampling, guided_by)
+        ``guided_by``: the field that asked for guided decoding (named if an engine cannot); ``target``: the
+        model and adapter the request names (default: body.model's, no adapter)."""
+        target = target or Target(body.model, "", body.model)
+        await self._check_engines(sampling, guided_by, target.model)
         if priority := current_priority.get():  # admitted by self._gate; the engine schedules by it too
             sampling = msgspec.structs.replace(sampling, priority=priority)
-        await self._answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse, echo, pipeline_id)
+        await self._models[target.model].answers.answer(resp, shape, token_ids, sampling, stop, body, tools, parse,
+                                                        echo, pipeline_id, target.lora_name)
 
-    async def _check_engines(self, sampling, guided_by: str) -> None:
+    async def _check_engines(self, sampling, guided_by: str, model: str) -> None:
         """A 400 for what an engine serving this model cannot honour (WorkerInfo.engine; the mock has limits)."""
         workers = self.pipeline.last_worker_list
         if workers is None:
@@ -317,6 +363,6 @@ class FrontendService:
                 workers = await self.pipeline.list_workers()
             except SplitserveError:
                 return  # no verdict without the router: the worker refuses (503) what it cannot honour
-        refusal = refusal_for_engines(sampling, engines_of(workers, self.config.model_name), guided_by)
+        refusal = refusal_for_engines(sampling, engines_of(workers, model), guided_by)
         if refusal is not None:
             raise refusal

@@ -77,6 +77,14 @@ class Registry:
         self._workers[worker_id] = replace(entry, info=msgspec.structs.replace(entry.info, role=role))
         return True
 
+    def set_adapters(self, worker_id: str, lora_names: tuple[str, ...] | None) -> bool:
+        """The LoRA adapters a worker holds now (its heartbeat said; None: not said); False when unchanged."""
+        entry = self._workers.get(worker_id)
+        if entry is None or lora_names is None or entry.info.lora_names == lora_names:
+            return False
+        self._workers[worker_id] = replace(entry, info=msgspec.structs.replace(entry.info, lora_names=lora_names))
+        return True
+
     def unregister(self, worker_id: str) -> bool:
         return self._workers.pop(worker_id, None) is not None
 
@@ -139,15 +147,17 @@ class Registry:
             num_active_blocks=load.num_active_blocks + entry.num_decode_blocks_since_report)
 
     def candidates(self, model: str, roles: frozenset[Role], exclude_worker_ids: Collection[str] = (),
-                   exclude_instance_ids: Collection[str] = ()) -> list[Candidate]:
+                   exclude_instance_ids: Collection[str] = (), lora_name: str = "") -> list[Candidate]:
         """What the policy chooses from: the model's workers in ``roles`` at their effective load, less the
-        excluded workers and worker processes (instances) and the draining ones."""
+        excluded workers and worker processes (instances) and the draining ones; with ``lora_name``, only
+        those holding that adapter (an engine runs no adapter it has not loaded)."""
         return [
             Candidate(worker_id=e.info.worker_id, load=self.effective_load(e), node=e.info.node, zone=e.info.zone,
                       kv_bytes_per_token=e.info.kv_bytes_per_token)
             for e in self.workers(model, roles)
             if e.info.worker_id not in exclude_worker_ids and not e.draining
             and not (e.info.instance_id and e.info.instance_id in exclude_instance_ids)
+            and (not lora_name or lora_name in e.info.lora_names)
         ]
 
     def models(self) -> list[str]:

@@ -85,6 +85,7 @@ class RoleSwitcher:
         self._send = send
         self._timeout_s = timeout_s
         self._pending: dict[str, PendingSwitch] = {}  # our forwarded request id -> the switch
+        self._has_pending = asyncio.Event()  # wakes ``run`` from its idle sleep
 
     def request(self, identity: bytes, msg: SetRole, now_s: float) -> RoleSet | None:
         """An asker's ``SetRole``: refused or unchanged at once, else forwarded (answered in ``answered``)."""
@@ -103,6 +104,7 @@ class RoleSwitcher:
         assert worker is not None
         forwarded = new_id("role")
         self._pending[forwarded] = PendingSwitch(identity, msg.request_id, msg.worker_id, msg.role, now_s)
+        self._has_pending.set()
         log.info("role_switch_started", worker_id=msg.worker_id, role=msg.role, reason=msg.reason)
         self._send(worker, SetRole(request_id=forwarded, worker_id=msg.worker_id, role=msg.role, reason=msg.reason))
         return None
@@ -146,6 +148,10 @@ class RoleSwitcher:
                 role=entry.info.role if entry is not None else pending.role, ok=False, reason=reason))
 
     async def run(self, poll_s: float = 0.1) -> None:
+        """Times out unanswered switches, polling only while one is pending (an idle router sleeps)."""
         while True:
+            if not self._pending:
+                self._has_pending.clear()
+                await self._has_pending.wait()
             await asyncio.sleep(poll_s)
             self.expire(time.monotonic())

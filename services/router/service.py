@@ -15,7 +15,7 @@ import zmq.asyncio
 from common import protocol, tracing
 from common.addresses import advertised_events
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
-from common.hashing import block_hashes
+from common.hashing import adapter_seed, block_hashes
 from common.protocol import (
     ErrorReply,
     Heartbeat,
@@ -49,6 +49,7 @@ from services.router.remote_tier import remote_tier
 from services.router.overlaps import merged_overlaps
 from services.router.transfer_samples import learn_links, learn_tiers, show_tiers
 from services.router.roles import RoleSwitcher
+from services.router.snapshot_asks import ask_snapshots
 from services.router.tier_registry import TierRegistry
 from services.router.tier_speeds import TierSpeeds
 from services.router.topology import Topology
@@ -76,7 +77,6 @@ class RouterConfig:
     # Generous on purpose: a starved but healthy worker must not be dropped (its requests would fail over).
     heartbeat_timeout_s: float = 5.0
     # How often sources awaiting a KV snapshot are checked, and how long an unanswered ask waits to be repeated.
-    snapshot_poll_s: float = 0.02
     snapshot_retry_s: float = 1.0
     transport: TransportConfig = field(default_factory=TransportConfig)
     metrics_port: int = 0  # 0 = no metrics endpoint
@@ -111,6 +111,7 @@ class RouterService:
         self._server: Server | None = None
         self.endpoint = ""
         self.roles = RoleSwitcher(self.registry, self.metrics, self._identities, self._send)
+        self._snapshot_due = asyncio.Event()  # a source began to await its snapshot: ask it now
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         secure = open_context(self.config.transport)
@@ -124,8 +125,10 @@ class RouterService:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         loop = asyncio.get_running_loop()
+        snapshots = ask_snapshots(self.index.tracker, self._snapshot_due, self.config.snapshot_retry_s,
+                                  self._ask_snapshot)
         background = [loop.create_task(self._reap_loop()), loop.create_task(self._events_loop(sub)),
-                      loop.create_task(self._snapshot_loop()), loop.create_task(self.roles.run())]
+                      loop.create_task(snapshots), loop.create_task(self.roles.run())]
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
             ready.set()
@@ -159,6 +162,7 @@ class RouterService:
                 self.index.remove_worker(tier_id)
                 self.index.mark_shared(tier_id)
                 self.index.expect_snapshot(tier_id)  # no credit for its blocks until its snapshot is loaded
+                self._snapshot_due.set()
                 self.tiers.register(msg, now_s)
                 self._identities[tier_id] = identity
                 self._keys[tier_id] = key
@@ -175,6 +179,7 @@ class RouterService:
                              num_waiting=load.num_waiting)
                 self.metrics.observe_load(worker_id, load)
                 self.roles.reported(worker_id, msg.role)  # the worker's role, as it says (a SetRole moved it)
+                self.registry.set_adapters(worker_id, msg.lora_names)  # None: none loaded or unloaded since
                 if msg.transfers:
                     learn_links(self.registry, self.topology, self.metrics, worker_id, msg.transfers)
                 if msg.tier_loads:
@@ -189,6 +194,7 @@ class RouterService:
                 if info.kv_events:
                     # Fail closed until its snapshot is loaded (the snapshot loop asks for it at once).
                     self.index.expect_snapshot(info.worker_id)
+                    self._snapshot_due.set()
                 self.approx.remove_worker(info.worker_id)
                 if self.pending is not None:
                     self.pending.remove_worker(info.worker_id)
@@ -238,15 +244,16 @@ class RouterService:
 
     def _route(self, req: RouteRequest) -> Message:
         start_s = time.perf_counter()
-        decode = self.registry.candidates(req.model, DECODE_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
-        if not decode:
+        excluded = (req.exclude_worker_ids, req.exclude_instance_ids, req.lora_name)
+        if not (decode := self.registry.candidates(req.model, DECODE_ROLES, *excluded)):
             self.metrics.routes_failed.inc()
-            return ErrorReply(request_id=req.request_id, code="no_worker",
-                              message=f"no decode-capable worker serves model {req.model!r}")
-        prefill = self.registry.candidates(req.model, PREFILL_ROLES, req.exclude_worker_ids, req.exclude_instance_ids)
+            return ErrorReply(request_id=req.request_id, code="no_worker", message=f"no decode-capable worker "
+                              f"serves model {req.model!r}" + (f" with adapter {req.lora_name!r}" * bool(req.lora_name)))
+        prefill = self.registry.candidates(req.model, PREFILL_ROLES, *excluded)
         entry = self.registry.get(decode[0].worker_id)
         assert entry is not None
-        block_size, seed = entry.info.block_size, entry.info.hash_seed
+        # An adapter's blocks live under its own seed: never credited to the base model's blocks of the same tokens.
+        block_size, seed = entry.info.block_size, adapter_seed(entry.info.hash_seed, req.lora_name)
         hashes = block_hashes(req.token_ids, block_size, seed)
         overlaps = self._overlaps(hashes)
         try:
@@ -367,16 +374,10 @@ class RouterService:
             log.warning("tier_dropped", tier_id=tier_id, reason="missed heartbeats")
         return dead
 
-    async def _snapshot_loop(self) -> None:
-        """Ask every source awaiting a snapshot (just registered, restarted, after a gap) for one, and again
-        every ``snapshot_retry_s`` until it comes: until then that source gets no prefix credit."""
-        while True:
-            await asyncio.sleep(self.config.snapshot_poll_s)
-            for source_id in self.index.tracker.due_snapshots(time.monotonic(), self.config.snapshot_retry_s):
-                identity = self._identities.get(source_id)
-                if identity is not None and self._server is not None:
-                    self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"),
-                                                                         worker_id=source_id))
+    def _ask_snapshot(self, source_id: str) -> None:
+        identity = self._identities.get(source_id)
+        if identity is not None and self._server is not None:
+            self._server.send_nowait(identity, KvSnapshotRequest(request_id=new_id("snap"), worker_id=source_id))
 
     async def _reap_loop(self) -> None:
         interval_s = self.config.heartbeat_timeout_s / 4

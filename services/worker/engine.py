@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from common.protocol import (
     FinishReason,
@@ -21,9 +21,14 @@ from common.protocol import (
     TokenLogprobs,
     TierLoadSample,
     TransferSample,
+    Role,
+    WorkerInfo,
     WorkerLoad,
     WorkerStats,
 )
+
+if TYPE_CHECKING:
+    from services.worker.config import WorkerConfig
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
 # whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, docs/measuring.md "Pull or
@@ -67,6 +72,8 @@ class EngineRequest:
     kvtier_remote: str = ""
     # Generate.traceparent: the request's trace, for engines that trace themselves (vLLM's trace_headers).
     traceparent: str = ""
+    # The LoRA adapter to run with (one the engine holds); "": the base model.
+    lora_name: str = ""
 
     @property
     def kv_transfer(self) -> KvTransferParams | None:
@@ -77,7 +84,7 @@ class EngineRequest:
     def of(cls, msg: Generate) -> EngineRequest:
         return cls(request_id=msg.request_id, token_ids=msg.token_ids, sampling=msg.sampling,
                    prefill_only=msg.prefill_only, handoff=msg.handoff, kvtier_remote=msg.kvtier_remote,
-                   traceparent=msg.traceparent)
+                   traceparent=msg.traceparent, lora_name=msg.lora_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,5 +172,26 @@ class Engine(Protocol):
         failed. Cheap: the worker asks every heartbeat, and exits when it is not "" (a dead engine does not
         come back; the worker's supervisor starts a fresh one)."""
 
+    def lora_names(self) -> tuple[str, ...]:
+        """The LoRA adapters this engine holds now, sorted (start-time ones and those loaded since)."""
+
+    async def load_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Load a LoRA adapter (PEFT directory) under ``lora_name``; EngineError when it cannot."""
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        """Unload an adapter; EngineError when it is not held. Requests running with it finish first (vLLM)."""
+
     async def shutdown(self) -> None:
         """Stop the engine and release its memory and ports."""
+
+
+def worker_info(config: WorkerConfig, engine: Engine, role: Role, endpoint: str, instance_id: str,
+                kv_events: bool) -> WorkerInfo:
+    """What a worker registers with each router: who it is, where, and its engine's geometry as it runs."""
+    return WorkerInfo(
+        worker_id=config.worker_id, role=role, model=config.model, block_size=engine.block_size,
+        num_blocks=engine.num_blocks, endpoint=endpoint, engine=config.engine_kind, hash_seed=config.hash_seed,
+        max_model_len=engine.max_model_len, kv_events=kv_events, node=config.node, zone=config.zone,
+        # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
+        kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", 0), instance_id=instance_id,
+        switchable=config.switchable, engine_settings=dict(engine.settings()), lora_names=engine.lora_names())

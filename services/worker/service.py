@@ -33,21 +33,23 @@ from common.protocol import (
     Generate,
     GetStats,
     Heartbeat,
+    LoadAdapter,
     Message,
     RegisterWorker,
     Role,
     RoleSet,
     SetRole,
     Tokens,
+    UnloadAdapter,
     Unregister,
     WorkerInfo,
     WorkerLoad,
-    WorkerStats,
 )
 from common.router_link import EventsSocket, RouterLink, first_registration, send_all, split_endpoints
 from common.transport import Server, new_id, open_context
+from services.worker.adapters import change_adapter
 from services.worker.config import WorkerConfig
-from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_stats
+from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_info, worker_stats
 from services.worker.kv_events import KvEventPublisher
 from services.worker.leases import HELD_PREFILL_S, Leases
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
@@ -256,8 +258,14 @@ class WorkerService:
                 self._reply(identity, worker_stats(rid, self.config.worker_id, self.engine.load(), c,
                                                    self._transfer_sources.named(c.recent_transfers),
                                                    self.transfers_simulated))
+            case LoadAdapter() | UnloadAdapter():
+                asyncio.get_running_loop().create_task(self._change_adapter(identity, msg))
             case _:
                 raise ProtocolError(f"worker does not handle {type(msg).__name__}")
+
+    async def _change_adapter(self, identity: bytes, msg: LoadAdapter | UnloadAdapter) -> None:
+        self._reply(identity, await change_adapter(self.engine, msg, self.config.worker_id))
+        self._send_heartbeat()  # routers learn the adapter now, not a beat later
 
     async def _generate(self, identity: bytes, msg: Generate) -> None:
         assert self._server is not None
@@ -329,7 +337,7 @@ class WorkerService:
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
 
-    def _reply(self, identity: bytes, reply: ErrorReply | WorkerStats) -> None:
+    def _reply(self, identity: bytes, reply: Message) -> None:
         """A one-off reply, through the outbox so it follows the tokens sent before it."""
         self._outbox.put(identity, reply)
 
@@ -354,16 +362,8 @@ class WorkerService:
         return counters
 
     def _info(self) -> WorkerInfo:
-        return WorkerInfo(
-            worker_id=self.config.worker_id, role=self._role, model=self.config.model,
-            block_size=self.engine.block_size, num_blocks=self.engine.num_blocks,
-            endpoint=self.endpoint, engine=self.config.engine_kind, hash_seed=self.config.hash_seed,
-            max_model_len=self.engine.max_model_len, kv_events=self._events is not None,
-            node=self.config.node, zone=self.config.zone,
-            # Engines that know their KV geometry say it (mock, vLLM); others leave the router to its default.
-            kv_bytes_per_token=getattr(self.engine, "kv_bytes_per_token", 0), instance_id=self.instance_id,
-            switchable=self.config.switchable, engine_settings=dict(self.engine.settings()),
-        )
+        return worker_info(self.config, self.engine, self._role, self.endpoint, self.instance_id,
+                           kv_events=self._events is not None)
 
     async def _heartbeat_loop(self) -> None:
         while not self._engine_is_dead():
@@ -394,4 +394,4 @@ class WorkerService:
         # One beat for every router (the pulls it reports are handed out once): a router that is down misses it.
         send_all(self._links, Heartbeat(worker_id=self.config.worker_id, load=load, seq=self._heartbeat_seq,
                                         draining=self._draining, transfers=transfers, role=self._role,
-                                        tier_loads=tier_loads))
+                                        tier_loads=tier_loads, lora_names=self.engine.lora_names()))

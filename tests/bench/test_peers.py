@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from bench.lib.workloads import make_workload
+from bench.peers import build_parser, workload_spec
 from bench.peers_arms import ARMS
 from bench.peers_report import pyspy_summary, summarize
 
@@ -42,6 +46,18 @@ def test_pairs_are_kth_run_against_kth_run() -> None:
     pairs = summarize(runs)["pairs"]["ss-pd/vllm-pd"]["0.25"]
     assert [(p["indices"], p["goodput_rps_ratio"]) for p in pairs] == [([0, 1], 2.0), ([2, 3], 0.25)]
 
+
+@pytest.mark.parametrize("argv, kind, isl_of_first", [
+    ([], "synthetic", None),
+    (["--workload", "long-mix", "--isl", "64", "--long-isl", "2048", "--long-fraction", "1"], "long-mix", 2048),
+    (["--workload", "shared-prefix", "--prefix-len", "1536", "--suffix-len", "64"], "shared-prefix", 1600),
+    (["--workload", "multi-turn", "--isl", "128", "--turns", "2"], "multi-turn", 128),
+])
+def test_workload_flags_reach_the_spec(argv: list[str], kind: str, isl_of_first: int | None) -> None:
+    spec = workload_spec(build_parser().parse_args(argv))
+    assert spec.kind == kind and spec.describe()["kind"] == kind
+    if isl_of_first is not None:
+        assert make_workload(spec, 2, seed=0)[0].turns[0].isl == isl_of_first
 
 def _serving_run(arm: str, rps: float) -> dict:
     return {"arm": arm, "requests_per_s": rps, "cpu_ms_per_request": {"server_total": 1.0}, "ttft_ms": {"p50": 40.0}}

@@ -83,6 +83,23 @@ def test_multi_turn_history_grows():
     assert _tokens(sessions) == _tokens(make_workload(spec, 7, seed=3))
 
 
+@pytest.mark.parametrize("fraction, lo, hi", [(0.0, 0, 0), (0.25, 60, 140), (1.0, 400, 400)])
+def test_long_mix_fraction_of_long_prompts(fraction, lo, hi):
+    spec = WorkloadSpec(kind="long-mix", isl="uniform:32:64", long_isl="512", long_fraction=fraction, osl="8")
+    sessions = make_workload(spec, 400, seed=5)
+    longs = [s for s in sessions if s.tag == "long"]
+    assert lo <= len(longs) <= hi
+    assert all(s.turns[0].isl == 512 for s in longs)
+    assert all(32 <= s.turns[0].isl <= 64 for s in sessions if s.tag == "short")
+    assert _tokens(sessions) == _tokens(make_workload(spec, 400, seed=5))
+    assert len({tuple(t[:16]) for t in _tokens(sessions)}) == 400  # unique prompts: no prefix hits
+
+
+def test_long_mix_rejects_a_fraction_outside_0_1():
+    with pytest.raises(ValueError):
+        make_workload(WorkloadSpec(kind="long-mix", long_fraction=1.5), 4, seed=0)
+
+
 def test_trace_equal_hash_ids_map_to_equal_blocks(tmp_path):
     rows = [{"timestamp": 1000, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
             {"timestamp": 1500, "input_length": 600, "output_length": 3, "hash_ids": [7, 10]},

@@ -90,3 +90,19 @@ def test_worker_reads_its_pools_engine_arguments_from_the_environment(started, m
     monkeypatch.setenv("SPLITSERVE_ENGINE_ARGS", "--max-num-seqs many")
     result = CliRunner().invoke(app, ["worker", "--model", str(tiny_model_dir()), "--engine", "mock"])
     assert result.exit_code == 2 and "invalid int value: 'many'" in result.output
+
+
+def test_models_stand_for_repeated_model_and_name_options() -> None:
+    from cli.config_file import ConfigError, config_args
+
+    config = {"models": [{"model": "/m/tiny", "served-model-name": "tiny", "lora-modules": ["sql=/a", "b=/c"]},
+                         {"model": "/m/copy", "served-model-name": ["tiny-copy", "tc"]}], "prefill": 1}
+    assert config_args(config, pool_sections=True) == [
+        "--model", "/m/tiny", "--served-model-name", "tiny", "--lora-modules", "sql=/a,b=/c",
+        "--model", "/m/copy", "--served-model-name", "tiny-copy,tc", "--prefill", "1"]
+    for bad in ([{"model": "/a"}, {"model": "/b", "served-model-name": "b"}],  # several: each named
+                [{"served-model-name": "a"}], [{"model": "/a", "served-model-name": "a"},
+                                               {"model": "/b", "served-model-name": "b", "lora-modules": "x=/y"}],
+                "/a"):
+        with pytest.raises(ConfigError):
+            config_args({"models": bad}, pool_sections=True)

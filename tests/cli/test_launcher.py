@@ -120,3 +120,24 @@ def test_up_pushes_by_default() -> None:
 ])
 def test_up_kv_transfer(requested, expected) -> None:
     assert up_kv_transfer(requested) == expected
+
+
+def test_extra_models_get_pools_of_their_own_and_one_frontend_serves_them_all(tmp_path: Path) -> None:
+    from cli.graph_spec import ExtraModel, frontend_commands
+
+    spec = GraphSpec(engine="mock", num_prefill=1, num_decode=1, served_model_names=("tiny",),
+                     lora_modules=("sql=/a",), extra_models=(ExtraModel(tmp_path / "copy", ("tiny-copy", "tc")),))
+    cmds = worker_commands(spec, tmp_path / "tiny", "tcp://x:1")
+
+    def opt(cmd: list[str], name: str) -> list[str]:
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == name]
+
+    assert [(opt(c, "--model"), opt(c, "--worker-id"), opt(c, "--served-model-name"), opt(c, "--lora-modules"))
+            for c in cmds] == [
+        ([str(tmp_path / "tiny")], ["prefill-0"], ["tiny"], ["sql=/a"]),
+        ([str(tmp_path / "tiny")], ["decode-1"], ["tiny"], ["sql=/a"]),
+        ([str(tmp_path / "copy")], ["prefill-2"], ["tiny-copy"], []),
+        ([str(tmp_path / "copy")], ["decode-3"], ["tiny-copy"], [])]
+    (frontend,) = frontend_commands(spec, tmp_path / "tiny", "tcp://x:1")
+    assert (opt(frontend, "--model"), opt(frontend, "--served-model-name")) == (
+        [str(tmp_path / "tiny"), str(tmp_path / "copy")], ["tiny", "tiny-copy,tc"])

@@ -132,3 +132,15 @@ def test_values_are_u64() -> None:
     rng = random.Random(3)
     tokens = [rng.randrange(2**32) for _ in range(16 * 50)]
     assert all(0 <= h < 2**64 for h in block_hashes(tokens, 16, 2**64 - 1))
+
+
+def test_adapter_seed_separates_adapters_from_each_other_and_from_the_base_model() -> None:
+    from common.hashing import adapter_seed
+
+    base = hash_seed("tiny")
+    assert adapter_seed(base, "") == base
+    seeds = {base, adapter_seed(base, "a"), adapter_seed(base, "b"), adapter_seed(hash_seed("other"), "a")}
+    assert len(seeds) == 4
+    assert adapter_seed(base, "a") == hash_seed(f"{base:x}", "a")  # the documented bytes
+    tokens = list(range(64))
+    assert block_hashes(tokens, 32, base) != block_hashes(tokens, 32, adapter_seed(base, "a"))

@@ -17,7 +17,7 @@ class FakePipeline:
         self.calls: list[tuple[str, int | None, Route | None]] = []
         self.num_tokens = num_tokens
 
-    async def generate(self, request_id, model, token_ids, sampling, route=None, on_decode=None):
+    async def generate(self, request_id, model, token_ids, sampling, route=None, on_decode=None, lora_name=""):
         self.calls.append((request_id, sampling.seed, route))
         for i in range(self.num_tokens):
             await asyncio.sleep(0)

@@ -51,3 +51,13 @@ def test_continuous_usage_rides_on_delta_chunks() -> None:
     shape = ResponseShape.chat("chatcmpl-1", "m")
     chunk = ChatCompletionChunk.model_validate(orjson.loads(shape.delta_chunk("x", None, 0, USAGE)[6:]))
     assert chunk.usage.completion_tokens == 2 and chunk.choices[0].delta.content == "x"
+
+
+def test_continuous_usage_fast_path_is_the_generic_chunk_byte_for_byte() -> None:
+    # The per-token bytes built from the request's constant head and tail equal the dict-encoded chunk (the
+    # shape vLLM's server sends), for both endpoints, with text that JSON must escape.
+    for shape, field in ((ResponseShape.chat("chatcmpl-1", "m"), {"delta": {"content": 'é"\n'}}),
+                         (ResponseShape.completion("cmpl-1", "m"), {"text": 'é"\n'})):
+        generic = shape._chunk([{"index": 0, **field, "logprobs": None, "finish_reason": None}], USAGE)
+        assert shape.delta_chunk('é"\n', None, 0, USAGE) == generic
+        assert orjson.loads(generic[6:])["usage"] == USAGE

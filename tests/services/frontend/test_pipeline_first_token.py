@@ -26,7 +26,7 @@ def _pipeline(first_token: str, events: list, decode_fails: bool = False) -> Pip
     pipeline.metrics = FrontendMetrics()
 
     async def prefill(request_id: str, prompt: tuple[int, ...], sampling: SamplingParams,
-                      route: Route) -> _Prefilled:
+                      route: Route, lora_name: str = "") -> _Prefilled:
         return _Prefilled(first_token_id=7, kv_transfer=None, finish_reason=None, num_cached_tokens=0)
 
     async def stream(client: object, msg: Generate, idle_timeout_s: float | None = None) -> AsyncIterator[Tokens]:

@@ -129,7 +129,7 @@ async def test_head_on_a_get_route() -> None:
 
 async def test_handler_crash_logs_one_line_without_traceback() -> None:
     async with frontend() as service:
-        def boom():
+        def boom(workers=None):
             raise RuntimeError("models table exploded")
 
         service._served_models = types.SimpleNamespace(listing=boom)

@@ -62,3 +62,20 @@ def test_candidates_skip_excluded_and_draining_workers() -> None:
     chosen = registry.candidates("m", frozenset({"both"}), exclude_worker_ids=("a",), exclude_instance_ids=("ib",))
     assert [(c.worker_id, c.load.num_active_blocks) for c in chosen] == [("c", 2)]
     assert registry.candidates("other", frozenset({"both"})) == []
+
+
+def test_an_adapters_candidates_are_the_workers_holding_it_as_their_beats_say() -> None:
+    registry = Registry()
+    for wid, loras in (("a", ("sql",)), ("b", ()), ("c", ("sql", "chat"))):
+        registry.register(WorkerInfo(worker_id=wid, role="both", model="m", block_size=16, num_blocks=10,
+                                     endpoint=f"tcp://127.0.0.1:{len(wid)}", lora_names=loras), now_s=0.0)
+
+    def ids(lora: str) -> list[str]:
+        return sorted(c.worker_id for c in registry.candidates("m", frozenset({"both"}), lora_name=lora))
+
+    assert (ids(""), ids("sql"), ids("chat"), ids("poem")) == (["a", "b", "c"], ["a", "c"], ["c"], [])
+    assert registry.set_adapters("b", ("poem",)) and not registry.set_adapters("b", ("poem",))
+    assert not registry.set_adapters("a", None)  # a beat that says nothing of adapters changes nothing
+    assert registry.set_adapters("c", ())
+    assert (ids("sql"), ids("chat"), ids("poem")) == (["a"], [], ["b"])
+    assert registry.listing("ls").workers[1].lora_names == ("poem",)

@@ -4,9 +4,11 @@ scheduler's ``SeqSpec`` (``EngineError`` when it can never run); a hand-off as i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from common.continuation import continuation, prefill_sampling
 from common.errors import EngineError
+from common.hashing import adapter_seed
 from services.worker.engine import EngineRequest
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.scheduler import SeqSpec
@@ -23,9 +25,12 @@ def as_continuation(request: EngineRequest) -> EngineRequest:
     return dataclasses.replace(request, token_ids=token_ids, sampling=sampling)
 
 
-def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, kv_transfer: str = "pull") -> SeqSpec:
+def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, kv_transfer: str = "pull",
+             lora_names: Collection[str] = ()) -> SeqSpec:
     token_ids = request.token_ids
     sampling = request.sampling
+    if request.lora_name and request.lora_name not in lora_names:
+        raise EngineError(f"request {request.request_id!r}: adapter {request.lora_name!r} is not loaded here")
     if not token_ids:
         raise EngineError(f"request {request.request_id!r} has an empty prompt")
     if min(token_ids) < 0 or max(token_ids) > _MAX_TOKEN_ID:  # in C: a Python loop cost ~0.1 ms per 2k tokens
@@ -60,4 +65,5 @@ def seq_spec(request: EngineRequest, max_model_len: int, blocks: BlockManager, k
         prefill_only=request.prefill_only,
         kv_transfer=request.kv_transfer is not None,
         priority=sampling.priority,
+        hash_seed=adapter_seed(blocks.hash_seed, request.lora_name) if request.lora_name else None,
     )

@@ -32,6 +32,7 @@ class _Table:
     block_ids: list[int]
     # Chained hashes of the sequence's leading full, computed blocks (len <= len(block_ids)).
     hashes: list[int]
+    seed: int = 0  # what they hash under
 
 
 # ------------------------------------------------------------------------------------------------- manager
@@ -84,10 +85,11 @@ class BlockManager:
 
     # ------------------------------------------------------------------------------------------- lookup
 
-    def match_prefix(self, token_ids: Sequence[int]) -> Match:
-        """Longest run of leading full blocks of ``token_ids`` in the cache. Changes nothing."""
+    def match_prefix(self, token_ids: Sequence[int], seed: int | None = None) -> Match:
+        """Longest run of leading full blocks of ``token_ids`` (hashed under ``seed``, None: the manager's) in the
+        cache. Changes nothing."""
         block_ids: list[int] = []
-        for block_hash in block_hashes(token_ids, self.block_size, self.hash_seed):
+        for block_hash in block_hashes(token_ids, self.block_size, self.hash_seed if seed is None else seed):
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
@@ -96,7 +98,7 @@ class BlockManager:
 
     # -------------------------------------------------------------------------------------- allocation
 
-    def allocate(self, seq_id: str, match: Match, num_tokens: int) -> bool:
+    def allocate(self, seq_id: str, match: Match, num_tokens: int, seed: int | None = None) -> bool:
         """Start ``seq_id``'s table: share ``match``'s blocks, add fresh ones up to ``num_tokens`` tokens.
 
         ``match`` must come from ``match_prefix`` with no allocation in between. Returns False, changing
@@ -117,7 +119,8 @@ class BlockManager:
         for block_id in match.block_ids:
             self._share(block_id)
         hashes = [self._cached_hash(block_id) for block_id in match.block_ids]
-        self._tables[seq_id] = _Table(list(match.block_ids) + self._take_fresh(num_fresh), hashes)
+        self._tables[seq_id] = _Table(list(match.block_ids) + self._take_fresh(num_fresh), hashes,
+                                      self.hash_seed if seed is None else seed)
         return True
 
     def append(self, seq_id: str, num_tokens: int) -> bool:
@@ -143,7 +146,7 @@ class BlockManager:
         if num_full <= num_hashed:
             return
         full_tokens = token_ids[: num_full * self.block_size]
-        new_hashes = extend_block_hashes(table.hashes, full_tokens, self.block_size, self.hash_seed)[num_hashed:]
+        new_hashes = extend_block_hashes(table.hashes, full_tokens, self.block_size, table.seed)[num_hashed:]
         run: list[int] = []
         run_parent: int | None = None
         prev = table.hashes[-1] if table.hashes else None

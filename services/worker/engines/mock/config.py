@@ -24,6 +24,8 @@ class MockEngineConfig:
     eos_token_id: int = 0
     # Seed of the block hashes (docs/architecture.md#contracts): model name, LoRA and cache salt mixed by the caller.
     hash_seed: int = 0
+    # LoRA adapters held from the start (names only: --lora-modules); requests may name them.
+    lora_names: tuple[str, ...] = ()
     timing: TimingModel = field(default_factory=TimingModel)
     # KV bytes per token, for simulated transfer sizes: 12 layers * (K + V) * 768 hidden * 2 bytes (bf16).
     kv_bytes_per_token: int = 36864

@@ -15,6 +15,7 @@ Collaborators beside it: ``config``, ``admission`` (request checks), ``tokens``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import structlog
 from common.errors import EngineError
 from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
+from services.worker.engines.mock.adapters import AdapterNames
 from services.worker.engines.mock.admission import as_continuation, seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
 from services.worker.engines.mock.config import MockEngineConfig
@@ -48,7 +50,7 @@ class _Live:
     transfer_failed: bool = False
 
 
-class MockEngine:
+class MockEngine(AdapterNames):
     # Its KV transfers and tier moves are timed by the timing model, not made: the worker exports their bytes
     # apart from wire bytes, and each sample says so (the router learns nothing from them). With config.nixl
     # (--mock-nixl) its P/D transfers are real NIXL READs of real bytes (nixl_transfers.py); tier moves stay made up.
@@ -64,8 +66,8 @@ class MockEngine:
         self.num_blocks = config.num_blocks
         self.max_model_len = config.max_model_len
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.hash_seed)
-        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens)
-        self._scheduler = Scheduler(scheduler_config, self._blocks)
+        self._adapter_names = set(config.lora_names)
+        self._scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self._blocks)
         self._live: dict[str, _Live] = {}
         self._load_handles: dict[str, asyncio.TimerHandle] = {}
         self._wakeup = asyncio.Event()
@@ -82,11 +84,11 @@ class MockEngine:
         self._onboards: dict[str, Onboard] = {}  # request id -> its tier lookup, until its load lands
         self._tier = None if config.tier is None else TierLink(
             config.tier, self._blocks, config.kv_bytes_per_token * config.block_size, config.tier_write_through)
-        # Registered with the router, which prices a prompt's KV move with it.
-        self.kv_bytes_per_token = config.kv_bytes_per_token
+        self.kv_bytes_per_token = config.kv_bytes_per_token  # registered: the router prices a KV move with it
         self._notes = StepNotes()  # the prefill rate reported, each request's scheduled and landed times
-        # Block-manager events collected each step (offloads happen there), drained by the publisher.
+        # Block-manager events collected each step (offloads there), drained by the publisher (kv_events_pending).
         self._pending_events: list[KvEvent] = []
+        self.kv_events_pending = asyncio.Event()
         self.num_onboards = 0
         self.num_onboarded_tokens = 0
 
@@ -106,9 +108,10 @@ class MockEngine:
         self._check_serving()
         check_supported(request.request_id, request.sampling)
         request = as_continuation(request)
-        spec = seq_spec(request, self.max_model_len, self._blocks, self.config.kv_transfer)
+        spec = seq_spec(request, self.max_model_len, self._blocks, self.config.kv_transfer, self._adapter_names)
         request_id = request.request_id
-        if self._tier is not None and request.kv_transfer is None and request_id not in self._live:
+        if self._tier is not None and request.kv_transfer is None and request_id not in self._live \
+                and not request.lora_name:  # adapters.py: no tier lookups for an adapter's prompt
             onboard = await self._tier.onboard_tokens(request.token_ids)
             if onboard.num_tokens:
                 spec = dataclasses.replace(spec, num_onboard_tokens=onboard.num_tokens)
@@ -186,10 +189,8 @@ class MockEngine:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         self._fail(EngineError("mock engine shut down"))
         if self._tier is not None:
             await self._tier.close()
@@ -241,6 +242,7 @@ class MockEngine:
         if not events:
             return
         self._pending_events += events
+        self.kv_events_pending.set()
         if self._tier is not None:
             self._tier.offload(events)
 

@@ -48,6 +48,8 @@ class SeqSpec:
     num_onboard_tokens: int = 0
     # Lower starts earlier among waiting sequences (vLLM's priority scheduling); equal ones in arrival order.
     priority: int = 0
+    # The seed its blocks hash under (a LoRA adapter's: common/hashing.py adapter_seed); None: the engine's.
+    hash_seed: int | None = None
 
     @property
     def num_load_tokens(self) -> int:
@@ -264,10 +266,10 @@ class Scheduler:
             seq = self._waiting[0]
             seq_id = seq.spec.seq_id
             # At least the last token is computed: it is the one that yields logits.
-            match = self.blocks.match_prefix(seq.token_ids[:-1])
+            match = self.blocks.match_prefix(seq.token_ids[:-1], seq.spec.hash_seed)
             if seq.pending_transfer and match.num_cached_tokens < seq.spec.num_load_tokens:
                 num_kv_tokens = seq.spec.num_load_tokens
-                if not self.blocks.allocate(seq_id, match, num_kv_tokens):
+                if not self.blocks.allocate(seq_id, match, num_kv_tokens, seq.spec.hash_seed):
                     break
                 self._waiting.popleft()
                 self._start(seq, match.num_cached_tokens)
@@ -278,7 +280,7 @@ class Scheduler:
                 continue
             num_new = min(len(seq.token_ids) - match.num_cached_tokens, budget)
             target = match.num_cached_tokens + num_new
-            if not self.blocks.allocate(seq_id, match, target):
+            if not self.blocks.allocate(seq_id, match, target, seq.spec.hash_seed):
                 break
             self._waiting.popleft()
             self._start(seq, match.num_cached_tokens)

@@ -70,6 +70,8 @@ class VllmEngineConfig:
     # Publish vLLM's KV cache events, translated to our block hashes with this seed (docs/architecture.md#contracts).
     kv_events: bool = True
     hash_seed: int = 0
+    # LoRA adapters loaded at start, (name, PEFT directory) (--lora-modules name=path; lora.py).
+    lora_modules: tuple[tuple[str, str], ...] = ()
     # kvtier's endpoint: our KV connector (vllm_tier_connector) onboards prefixes from it and writes prompt
     # blocks through to it; alone for role "both", beside NixlConnector (MultiConnector) for prefill/decode.
     kvtier_endpoint: str = ""

@@ -23,6 +23,7 @@ in-process before ``start()`` (``start`` fills in any that are missing).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import tempfile
@@ -52,6 +53,7 @@ from services.worker.engines.vllm.config import VllmEngineConfig, engine_process
 from services.worker.engines.vllm.kv_events import VllmKvEvents
 from services.worker.engines.vllm.lease_release import abort_or_release, worker_extension
 from services.worker.leases import Leases
+from services.worker.engines.vllm.lora import VllmAdapters, lora_engine_kwargs
 from services.worker.engines.vllm.dtype import DtypeChoice, resolved_dtype
 from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSources
 
@@ -94,7 +96,7 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-class VllmEngine:
+class VllmEngine(VllmAdapters):
     """Engine protocol over vLLM's AsyncLLM; one per worker process."""
 
     def __init__(self, config: VllmEngineConfig) -> None:
@@ -107,9 +109,11 @@ class VllmEngine:
         self._llm: Any = None
         self._stats = EngineStatsSink()
         self._in_flight: set[str] = set()
+        self._loras, self._next_lora_id = {}, 1  # lora.py
         self._kv_bytes_per_block = 0
         self._dtype = DtypeChoice(self.config.dtype, "as asked")
         self._kv_events: VllmKvEvents | None = None
+        self.kv_events_pending: asyncio.Event | None = None  # set while drain_kv_events has something
         self._leases: Leases[str] = Leases()  # finished prefills' KV held for a decode: vLLM's own request id
         self._events_ctx: zmq.asyncio.Context | None = None
         # Host decode engines dial for our side channel; AddressError now, not at the first pull.
@@ -138,6 +142,8 @@ class VllmEngine:
             )
         except Exception as exc:  # vLLM raises many types at start (config, memory, handshake)
             raise EngineError(f"vLLM engine failed to start for {self.config.model}: {exc}") from exc
+        for name, path in self.config.lora_modules:  # as vLLM's server loads its --lora-modules: at start
+            await self.load_adapter(name, path)
         self.start_s = time.perf_counter() - began
         vllm_config = self._llm.vllm_config
         self.num_blocks = int(vllm_config.cache_config.num_gpu_blocks or 0)
@@ -151,16 +157,10 @@ class VllmEngine:
             self._events_ctx = zmq.asyncio.Context()
             self._kv_events = VllmKvEvents(self._events_endpoint(), self.block_size, self.config.hash_seed)
             self._kv_events.start(self._events_ctx)
-        log.info(
-            "vllm_engine_started",
-            model=str(self.config.model),
-            start_s=round(self.start_s, 2),
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            kv_role=self.config.kv_role,
-            kv_transfer=self.config.kv_transfer,
-            settings=self.settings(),
-        )
+            self.kv_events_pending = self._kv_events.pending  # wakes the worker's publisher (kv_events.py)
+        log.info("vllm_engine_started", model=str(self.config.model), start_s=round(self.start_s, 2),
+                 num_blocks=self.num_blocks, block_size=self.block_size, kv_role=self.config.kv_role,
+                 kv_transfer=self.config.kv_transfer, settings=self.settings())
 
     def _engine_kwargs(self) -> dict[str, Any]:
         """vLLM's AsyncEngineArgs: our defaults where the user said nothing, the user's engine arguments over them,
@@ -190,7 +190,7 @@ class VllmEngine:
                 kwargs[name] = value
         # The user's engine arguments win over every default above (the shared ones, dtype, block size, batch
         # limits, arrive as the config's own fields: cli/cmd_worker.py lifts them).
-        kwargs.update(cfg.engine_args)
+        kwargs.update({**lora_engine_kwargs(cfg.lora_modules), **cfg.engine_args})
         kwargs.update({
             "enable_prefix_caching": cfg.enable_prefix_caching,
             # We send token ids and read token ids (the frontend owns text), but structured outputs compile
@@ -277,11 +277,11 @@ class VllmEngine:
             params.extra_args["kv_transfer_params"] = {"kvtier_remote": request.kvtier_remote}
         failures_before = self._stats.num_transfer_failures
         forced = ForcedFirst(request.request_id, forced_token) if forced_token is not None else None
-        num_top = request.sampling.logprobs or 0
+        num_top, lora = request.sampling.logprobs or 0, self.lora_request(request.lora_name)
         self._in_flight.add(request.request_id)
         try:
             async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id,
-                                          **request_extras(request, self.config.engine_args)):
+                                          lora_request=lora, **request_extras(request, self.config.engine_args)):
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
                 logprobs = token_logprobs(token_ids, completion.logprobs, num_top)
@@ -357,20 +357,7 @@ class VllmEngine:
         return self._kv_bytes_per_block // self.block_size if self.block_size else 0
 
     def counters(self) -> EngineCounters:
-        return EngineCounters(
-            num_prefix_hits=self._stats.num_prefix_hit_tokens,
-            num_transfers=self._stats.transfers.num_transfers,
-            num_transfer_failures=self._stats.num_transfer_failures,
-            num_transfer_bytes=self._stats.transfers.num_bytes,
-            transfer_seconds=self._stats.transfers.drain_seconds(),
-            transfer_seconds_total=self._stats.transfers.seconds_total,
-            num_transfer_descriptors=self._stats.transfers.num_descriptors,
-            recent_transfers=self._stats.transfers.recent(),
-            recent_tier_loads=self._stats.tier_loads.recent(),
-            num_prompt_tokens_computed=self._stats.prompt_sources.num_computed,
-            num_prompt_tokens_cached=self._stats.prompt_sources.num_local_cache_hit,
-            num_prompt_tokens_pulled=self._stats.prompt_sources.num_external_kv_transfer,
-        )
+        return self._stats.counters()
 
     def prompt_token_sources(self) -> PromptTokenSources:
         """Cumulative prompt tokens computed / hit locally / pulled, as vLLM's scheduler saw them."""

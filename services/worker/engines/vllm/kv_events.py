@@ -2,7 +2,8 @@
 
 vLLM publishes ``KVEventBatch``es (msgpack) on a ZeroMQ PUB socket from its engine core. Its block hashes are
 its own; ours are recomputed from the token ids each ``BlockStored`` carries, chained onto the parent's hash
-(kept in a map from vLLM's hash to ours). Removals and clears are mapped through the same table.
+(kept in a map from vLLM's hash to ours), under the seed of the LoRA adapter the event names (``lora_name``;
+common/hashing.py adapter_seed). Removals and clears are mapped through the same table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from common.hashing import chain_block_hashes
+from common.hashing import adapter_seed, chain_block_hashes
 from common.protocol import AllCleared, BlockRemoved, BlockStored, KvEvent
 
 log = structlog.get_logger(__name__)
@@ -32,6 +33,7 @@ class VllmKvEvents:
         self._pending: list[KvEvent] = []
         self._num_unchained = 0
         self._task: asyncio.Task[None] | None = None
+        self.pending = asyncio.Event()  # set when events wait for ``drain``: the publisher flushes then
 
     def start(self, ctx: zmq.asyncio.Context) -> None:
         from vllm.distributed.kv_events import KVEventBatch
@@ -54,6 +56,8 @@ class VllmKvEvents:
                     continue
                 for event in batch.events:
                     self.translate(event)
+                if self._pending:
+                    self.pending.set()
         finally:
             sock.close(linger=0)
 
@@ -66,7 +70,8 @@ class VllmKvEvents:
                 if parent is None:  # we missed the parent's event: these blocks cannot be named
                     self._num_unchained += 1
                     return
-            ours = chain_block_hashes(event.token_ids, event.block_size, self._seed, parent)
+            seed = adapter_seed(self._seed, getattr(event, "lora_name", None) or "")
+            ours = chain_block_hashes(event.token_ids, event.block_size, seed, parent)
             if len(ours) != len(event.block_hashes):
                 log.warning("vllm_kv_event_mismatch", num_hashes=len(event.block_hashes), num_ours=len(ours))
                 return

@@ -15,6 +15,7 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
+from services.worker.engine import EngineCounters
 from services.worker.engines.vllm.push_peers import DST_KEY
 from services.worker.engines.vllm.tier.stats import LOADS_KEY
 from services.worker.tier_load_log import TierLoadLog
@@ -91,6 +92,23 @@ class EngineStatsSink:
             return _SinkLogger(sink)
 
         return factory
+
+    def counters(self) -> EngineCounters:
+        """Cumulative counters in the engine contract's shape (transfer seconds are handed out once)."""
+        return EngineCounters(
+            num_prefix_hits=self.num_prefix_hit_tokens,
+            num_transfers=self.transfers.num_transfers,
+            num_transfer_failures=self.num_transfer_failures,
+            num_transfer_bytes=self.transfers.num_bytes,
+            transfer_seconds=self.transfers.drain_seconds(),
+            transfer_seconds_total=self.transfers.seconds_total,
+            num_transfer_descriptors=self.transfers.num_descriptors,
+            recent_transfers=self.transfers.recent(),
+            recent_tier_loads=self.tier_loads.recent(),
+            num_prompt_tokens_computed=self.prompt_sources.num_computed,
+            num_prompt_tokens_cached=self.prompt_sources.num_local_cache_hit,
+            num_prompt_tokens_pulled=self.prompt_sources.num_external_kv_transfer,
+        )
 
 
 def _at(data: dict[str, Any], key: str, i: int) -> float:

@@ -57,7 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from common.errors import EngineError
-from common.hashing import block_hashes
+from common.hashing import adapter_seed, block_hashes
 from common.kvtier.sources import load_sources
 from services.worker.engines.vllm.tier.layout import KvLayout
 from services.worker.engines.vllm.tier.mover import HostCopy, TierMover
@@ -210,7 +210,9 @@ class SplitserveTierConnector(KVConnectorBase_V1):
         entry = self._requests.get(request.request_id)
         if entry is None:
             prompt = list(request.prompt_token_ids or ())
-            state = RequestState(block_hashes(prompt, self.block_size, self.hash_seed), len(prompt))
+            # An adapter's KV is its own: stored and looked up under its seed, never the base model's blocks.
+            seed = adapter_seed(self.hash_seed, request.lora_request.lora_name if request.lora_request else "")
+            state = RequestState(block_hashes(prompt, self.block_size, seed), len(prompt))
             self._requests[request.request_id] = (request, state)
             return state
         state = entry[1]

@@ -291,3 +291,28 @@ async def test_a_pull_stalls_the_decode_step_a_push_does_not(mode: str) -> None:
     with pytest.raises(EngineError, match="moves KV by"):
         await _collect(eng, _request("mixed", PROMPT, 4, handoff=Handoff(7, other)))
     await eng.shutdown()
+
+
+async def test_an_adapters_blocks_hash_under_its_seed_and_only_held_adapters_run() -> None:
+    from common.hashing import adapter_seed
+    from common.protocol import LoadAdapter, UnloadAdapter
+    from services.worker.adapters import change_adapter
+
+    engine = MockEngine(_config(hash_seed=5, lora_names=("sql",)))
+    await engine.start()
+    try:
+        await _collect(engine, _request("a", max_tokens=2, lora_name="sql"))
+        assert engine.drain_kv_events() == [BlocksStored(tuple(block_hashes(PROMPT, 16, adapter_seed(5, "sql"))), None)]
+        base = await _collect(engine, _request("b", max_tokens=2))
+        assert base[0].num_cached_tokens == 0  # the adapter's cached prompt is no hit for the base model
+        with pytest.raises(EngineError, match="'chat' is not loaded"):
+            await _collect(engine, _request("c", max_tokens=2, lora_name="chat"))
+        done = await change_adapter(engine, LoadAdapter(request_id="l", lora_name="chat", lora_path="/x"), "w")
+        assert done.ok and engine.lora_names() == ("chat", "sql")
+        assert len(_tokens(await _collect(engine, _request("d", max_tokens=2, lora_name="chat")))) == 2
+        again = await change_adapter(engine, LoadAdapter(request_id="l2", lora_name="chat", lora_path="/x"), "w")
+        assert not again.ok and "already loaded" in again.message
+        assert (await change_adapter(engine, UnloadAdapter(request_id="u", lora_name="sql"), "w")).ok
+        assert engine.lora_names() == ("chat",)
+    finally:
+        await engine.shutdown()

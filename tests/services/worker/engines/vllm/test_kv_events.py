@@ -13,11 +13,25 @@ from services.worker.engines.vllm.kv_events import VllmKvEvents
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 
 
-def _stored(hashes, parent, tokens, block_size=4):
+def _stored(hashes, parent, tokens, block_size=4, lora_name=None):
     from vllm.distributed.kv_events import BlockStored as VllmStored
 
     return VllmStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size,
-                      lora_id=None, medium="GPU", lora_name=None)
+                      lora_id=None if lora_name is None else 1, medium="GPU", lora_name=lora_name)
+
+
+def test_an_adapters_blocks_hash_under_the_adapters_seed() -> None:
+    from common.hashing import adapter_seed
+
+    tokens = list(range(100, 108))
+    events = VllmKvEvents("ipc:///unused", block_size=4, seed=7)
+    events.translate(_stored([b"a", b"b"], None, tokens, lora_name="sql"))
+    events.translate(_stored([b"c", b"d"], None, tokens))  # the same tokens on the base model
+    assert events.drain() == [
+        BlockStored(block_hashes=tuple(block_hashes(tokens, 4, adapter_seed(7, "sql"))), parent_hash=None,
+                    tier="device"),
+        BlockStored(block_hashes=tuple(block_hashes(tokens, 4, 7)), parent_hash=None, tier="device"),
+    ]
 
 
 def test_stored_blocks_chain_onto_their_parent() -> None:
