@@ -19,6 +19,9 @@ EngineCore and model processes), per request and per output token. ``--profile-s
 with py-spy (`record --native`, raw collapsed stacks under --log-dir) during the first point of each arm; a
 profiled point is marked and perturbed by the sampling (compare unprofiled runs).
 
+The serving layer alone against NVIDIA Dynamo (zero-delay mocks): ``--suite serving-layer``
+(bench/peers_serving.py).
+
     python -m bench.peers [--order ss-pd,vllm-pd,ss-pd,vllm-pd] [--rates 0.2,0.4 | --find-limit]
         [--num-requests 20] [--isl uniform:128:2048] [--osl 96] [--out bench/results/peers.json]
 """
@@ -194,7 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", choices=("engines", "serving-layer"), default="engines")
+    known, rest = suite.parse_known_args()
+    if known.suite == "serving-layer":  # the serving layer alone against NVIDIA Dynamo (bench/peers_serving.py)
+        from bench.peers_serving import main as serving_main
+
+        serving_main(rest)
+        return
+    args = build_parser().parse_args(rest)
     args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
     args.rate_fractions = [float(f) for f in args.rate_fractions.split(",") if f]
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)

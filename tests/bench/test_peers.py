@@ -58,3 +58,31 @@ def test_workload_flags_reach_the_spec(argv: list[str], kind: str, isl_of_first:
     assert spec.kind == kind and spec.describe()["kind"] == kind
     if isl_of_first is not None:
         assert make_workload(spec, 2, seed=0)[0].turns[0].isl == isl_of_first
+
+def _serving_run(arm: str, rps: float) -> dict:
+    return {"arm": arm, "requests_per_s": rps, "cpu_ms_per_request": {"server_total": 1.0}, "ttft_ms": {"p50": 40.0}}
+
+
+def test_serving_layer_goal_needs_every_pair_at_the_ratio() -> None:
+    from bench.peers_serving import summarize
+
+    met = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900), _serving_run("splitserve", 1400),
+                     _serving_run("dynamo", 900)])
+    assert met["ratio_per_pair"] == [1.667, 1.556] and met["goal_met"]
+    one_short = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900),
+                           _serving_run("splitserve", 1300), _serving_run("dynamo", 900)])
+    assert one_short["ratio_per_pair"][1] == 1.444 and not one_short["goal_met"]
+    failed = summarize([_serving_run("splitserve", 1500), {"arm": "dynamo", "error": "exited"}])
+    assert failed["ratio_per_pair"] == [] and not failed["goal_met"]
+
+
+def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:
+    from bench.peers_dynamo import _registered
+
+    assert _registered(tmp_path) == 0
+    for i in range(2):
+        (tmp_path / "v1" / "instances" / "dynamo" / "backend" / "generate").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "v1" / "instances" / "dynamo" / "backend" / "generate" / f"{i:x}").write_text("{}")
+    (tmp_path / "v1" / "mdc").mkdir(parents=True)
+    (tmp_path / "v1" / "mdc" / "generate-card").write_text("{}")  # a model card, not an instance
+    assert _registered(tmp_path) == 2
