@@ -198,7 +198,8 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
                 # The same command, so the same metrics port: its scrape target and series carry on.
                 children.replace(child, spawn(child.cmd))
             if not ready:
-                ready = _healthy(url, spec.num_prefill + spec.num_decode + spec.num_aggregated)
+                # Every model's workers (`--model` repeated): a graph is not serving while one model has none.
+                ready = _healthy(url, sum(1 for child in children if child.role))
                 if ready:
                     ready_wall_s = time.time()
                     log.info("serving", url=f"{url}/v1", model=model.resolve().name, engine=spec.engine,

@@ -18,6 +18,9 @@ BOTH = frozenset({"prefill", "decode"})
     # The prefill pool went empty: served still (decode workers prefill), but say so.
     (PoolCounts(num_decode=1), BOTH, "degraded", 200, ("the prefill pool has no serving worker",)),
     (PoolCounts(num_prefill=1, num_decode=1, num_draining=1), BOTH, "degraded", 200, ("1 worker(s) draining",)),
+    # One of several models lost its decode workers: the others are served, so 200, but not "ok".
+    (PoolCounts(num_prefill=1, num_decode=1, models_without_decode=("b",)), BOTH, "degraded", 200,
+     ("model 'b' has no decode-capable worker",)),
 ])
 def test_judge_health(counts, seen, status, http_status, reasons) -> None:
     health = judge_health(counts, seen)
@@ -36,3 +39,10 @@ def test_count_pools_counts_serving_workers_of_this_model_and_draining_apart() -
     counts = count_pools(listed, "m")
     assert counts == PoolCounts(num_prefill=1, num_decode=2, num_draining=1)
     assert counts.pools == BOTH
+
+
+def test_count_pools_names_the_models_with_no_decode_worker() -> None:
+    workers = (_info("d0", "decode", model="a"), _info("p1", "prefill", model="b"), _info("d1", "decode", model="b"))
+    listed = WorkerList(request_id="r", workers=workers, loads=(WorkerLoad(),) * 3, draining=("d1",))
+    assert count_pools(listed, ("a", "b", "c")).models_without_decode == ("b", "c")
+    assert count_pools(listed, ("b",)).models_without_decode == ()  # no decode at all: unavailable says it
