@@ -49,6 +49,7 @@ from services.frontend.token_budget import COMPLETION_DEFAULT_MAX_TOKENS, check_
 from services.frontend.tools import ToolPlan
 
 log = structlog.get_logger(__name__)
+ROUTER_RETRY_S = 5.0  # how long /v1/models trusts that a router which did not answer is still away
 
 # Method allowed on each route; a path not here is labelled "other" in metrics (never the client's text).
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/responses": "POST", "/v1/models": "GET",
@@ -109,6 +110,7 @@ class FrontendService:
         # seen serving since start (one gone empty makes /health "degraded").
         self._workers_cache: tuple[float, PoolCounts] = (0.0, PoolCounts())
         self._pools_seen: frozenset[str] = frozenset()
+        self._router_silent_at = -ROUTER_RETRY_S  # monotonic s the router last failed to list workers
         # Generate requests wait here for a slot, by priority and tenant share (admission.py).
         self._gate = AdmissionGate(config.admission or AdmissionConfig(max_inflight=config.max_inflight_requests))
         self._auth = f"Bearer {config.api_key}".encode() if config.api_key else b""
@@ -246,11 +248,16 @@ class FrontendService:
         resp.send(200, text.encode(), b"text/plain; charset=utf-8")
 
     async def _worker_list(self):
-        """The router's last worker list (fetched when there is none yet); None without a router."""
+        """The router's last worker list (fetched when there is none yet); None without a router: /v1/models
+        then lists the models without their adapters, and for ROUTER_RETRY_S answers without asking again (a
+        client polling it must not wait a router timeout each time)."""
         if self.pipeline.last_worker_list is None:
+            if time.monotonic() - self._router_silent_at < ROUTER_RETRY_S:
+                return None
             try:
                 return await self.pipeline.list_workers()
             except SplitserveError:
+                self._router_silent_at = time.monotonic()
                 return None
         return self.pipeline.last_worker_list
 
