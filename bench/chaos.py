@@ -115,6 +115,15 @@ class Faults:
         return None
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    values = sorted(values)
+    if not values:
+        return {}
+    at = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 2)  # noqa: E731
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(values[-1], 2),
+            "num_over_30s": sum(v > 30.0 for v in values)}
+
+
 async def load(graph: ChaosGraph, pool: list[dict], concurrency: int, until_s: float | None, seed: int,
                timeout_s: float) -> list[tuple[int, Outcome]]:
     """Streams ``concurrency`` at a time, to the frontends in turn: random pool entries until ``until_s``
@@ -267,7 +276,9 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 "requests": {"total": len(outcomes), "completed_equal": verdicts["ok"],
                              "clean_errors": verdicts["clean_error"],
                              "lost": len(outcomes) - verdicts["ok"] - verdicts["clean_error"],
-                             "by_verdict": dict(verdicts), "lost_examples": lost[:20]},
+                             "by_verdict": dict(verdicts), "lost_examples": lost[:20],
+                             # How long faults held the requests that did complete (a lost one hit the timeout).
+                             "seconds": _spread([o.end_s - o.start_s for _, o in outcomes if o.text is not None])},
                 "after": after,
                 "restarts": {s.name: s.num_restarts for s in graph.services.values() if s.num_restarts},
                 "rss": {"start_mib": rss_start, "end_mib": rss_end, "drift_never_restarted": drift,

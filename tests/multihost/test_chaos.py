@@ -25,12 +25,13 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path: Path) -> None:
         pytest.skip(f"no namespaced hosts here: {exc}")
     out = tmp_path / "chaos.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # A request still open after 120 s is lost, as in the 20-minute run (faults hold some for tens of seconds).
     # Seed 2: in 100 s a decode worker killed and restarted, SIGSTOPs of a kvtier, a router and a prefill worker,
     # and the routers' host cut off (schedule in bench/chaos_checks.py).
     proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--duration-s", "100", "--seed", "2",
-                           "--request-timeout-s", "30", "--settle-s", "20", "--out", str(out),
+                           "--request-timeout-s", "120", "--settle-s", "20", "--out", str(out),
                            "--log-dir", str(tmp_path)], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=240, check=False)
+                          timeout=420, check=False)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert proc.returncode == 0, doc.get("run_error")
