@@ -40,6 +40,7 @@ from common.router_set import RouterSet
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.idle_watch import SILENT, IdleWatch
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.worker_watch import judge_workers
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +93,7 @@ class Pipeline:
                                  failover_s=config.router_failover_s)
         self._workers: dict[str, Client] = {}
         self._missing_polls: dict[str, int] = {}
+        self._instances: dict[str, str] = {}  # endpoint -> the worker instance last listed there (worker_watch.py)
         self.last_worker_list: WorkerList | None = None
 
     async def close(self) -> None:
@@ -108,7 +110,8 @@ class Pipeline:
         return client
 
     async def watch_workers(self) -> None:
-        """Fail the streams of workers the router no longer lists, so their requests migrate at once."""
+        """Fail the streams of workers the router no longer lists, or lists restarted, so their requests migrate
+        at once (worker_watch.py)."""
         while True:
             await asyncio.sleep(self.config.worker_watch_interval_s)
             try:
@@ -116,18 +119,14 @@ class Pipeline:
             except (TransportTimeout, RemoteError):
                 continue  # router down or restarting: no verdict on workers
             self.last_worker_list = listed
-            alive = {w.endpoint for w in listed.workers}
-            for endpoint in list(self._workers):
-                if endpoint in alive:
-                    self._missing_polls.pop(endpoint, None)
-                    continue
-                self._missing_polls[endpoint] = self._missing_polls.get(endpoint, 0) + 1
-                if self._missing_polls[endpoint] >= self.config.worker_lost_polls:
-                    log.warning("worker_lost", endpoint=endpoint)
-                    del self._missing_polls[endpoint]
-                    client = self._workers.pop(endpoint)
-                    client.fail_streams(WorkerLost(f"worker at {endpoint} left the cluster"))
-                    await client.close()
+            verdict = judge_workers(list(self._workers), listed, self._missing_polls, self._instances,
+                                    self.config.worker_lost_polls)
+            self._missing_polls, self._instances = verdict.missing_polls, verdict.instances
+            for endpoint, why in verdict.lost:
+                log.warning("worker_lost", endpoint=endpoint, reason=why)
+                client = self._workers.pop(endpoint)
+                client.fail_streams(WorkerLost(why))
+                await client.close()
 
     async def worker_stats(self, timeout_s: float = 0.5) -> list[tuple[WorkerInfo, WorkerStats | None]]:
         """Every registered worker with its stats (None where it did not answer in time)."""
