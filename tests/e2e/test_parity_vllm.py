@@ -107,11 +107,6 @@ def _cases() -> dict[str, tuple[str, dict]]:
         cases[f"stream-completion-{i}"] = ("/v1/completions", {"prompt": text(6 + i), "max_tokens": 6,
                                                                "stream": True,
                                                                "stream_options": {"include_usage": True}})
-    for endpoint, prompt in ((chat, {"messages": [{"role": "user", "content": text(6)}]}),
-                             ("/v1/completions", {"prompt": text(6)})):  # usage on every chunk, as bench.peers asks
-        cases[f"stream-continuous-usage{endpoint.replace('/', '-')}"] = (endpoint, {
-            **prompt, "max_tokens": 6, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     cases.update(_field_cases(text))
     return cases
 
@@ -260,7 +255,6 @@ def ask(client: httpx.Client, url: str, path: str, body: dict | None) -> dict:
     finish: dict[int, str] = {}
     args: dict[int, str] = {}
     usage = None
-    chunk_usage: list[int] = []
     with client.stream("POST", url + path, json=body, headers=headers) as reply:
         if reply.status_code != 200:
             return {"status": reply.status_code}
@@ -269,9 +263,6 @@ def ask(client: httpx.Client, url: str, path: str, body: dict | None) -> dict:
                 continue
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
-            if chunk.get("usage") and any(c.get("text") or (c.get("delta") or {}).get("content")
-                                          for c in chunk["choices"]):
-                chunk_usage.append(chunk["usage"]["completion_tokens"])  # continuous usage on a text chunk
             for c in chunk["choices"]:
                 delta = c.get("delta") or {}
                 texts[c["index"]] = texts.get(c["index"], "") + (delta.get("content") or c.get("text") or "")
@@ -280,7 +271,7 @@ def ask(client: httpx.Client, url: str, path: str, body: dict | None) -> dict:
                 if c.get("finish_reason"):
                     finish[c["index"]] = c["finish_reason"]
     usage = usage and {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    return {"status": 200, "texts": texts, "finish": finish, "args": args, "usage": usage, "chunk_usage": chunk_usage}
+    return {"status": 200, "texts": texts, "finish": finish, "args": args, "usage": usage}
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path: Path) -> None:
     # Seed 2: in 100 s a decode worker killed and restarted, SIGSTOPs of a kvtier, a router and a prefill worker,
     # and the routers' host cut off (schedule in bench/chaos_checks.py).
     proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--duration-s", "100", "--seed", "2",
-                           "--request-timeout-s", "120", "--settle-s", "20", "--out", str(out),
+                           "--request-timeout-s", "120", "--settle-s", "60", "--out", str(out),
                            "--log-dir", str(tmp_path)], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=420, check=False)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
