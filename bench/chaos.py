@@ -75,10 +75,12 @@ class Faults:
         svc = self.graph.services[fault.target]
         assert svc.proc is not None
         if fault.kind == "kill9":
+            before = router_instances(self.graph)
             t_kill = time.monotonic()
-            svc.proc.signal(signal.SIGKILL)
-            self.graph.restart(svc)
-            back_s = self._wait_back(svc)
+            with self.graph.lock:
+                svc.proc.signal(signal.SIGKILL)
+                self.graph.restart(svc)
+            back_s = self._wait_back(svc, before, t_kill)
             if svc.kind == "frontend":
                 self.frontend_down[svc.name].append((t_kill, time.monotonic()))
             return {"back_after_s": back_s}
@@ -103,16 +105,53 @@ class Faults:
         hog.wait(10)
         return {"core": svc.core}
 
-    def _wait_back(self, svc: Svc, timeout_s: float = 60.0) -> float | None:
-        """Seconds until a restarted service serves again (frontend: answers /health; others: every frontend
-        sees the full graph again)."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            up = bool(self.graph.health(svc)) if svc.kind == "frontend" else self.graph.ready()
+    def _wait_back(self, svc: Svc, before: dict[str, dict[str, str]], t_kill: float,
+                   timeout_s: float = 60.0) -> float | None:
+        """Seconds from the kill until the restarted service serves again. A frontend: it answers /health. A worker:
+        every router lists its new instance (not the old registration, which lingers until its heartbeat times out)
+        and the frontends see the full graph. A router: it lists every worker again. A kvtier: the frontends see the
+        full graph (a tier's own registration is not watched)."""
+        while time.monotonic() - t_kill < timeout_s:
+            if svc.kind == "frontend":
+                up = bool(self.graph.health(svc))
+            elif svc.kind == "worker":
+                now = router_instances(self.graph)
+                up = self.graph.ready() and all(
+                    ws.get(svc.name, "") not in ("", before.get(r, {}).get(svc.name, "")) for r, ws in now.items())
+            elif svc.kind == "router":
+                up = len(router_instances(self.graph).get(svc.name, {})) == len(self.graph.workers) \
+                    and self.graph.ready()
+            else:
+                up = self.graph.ready()
             if up:
-                return round(time.monotonic() - t0, 2)
+                return round(time.monotonic() - t_kill, 2)
             time.sleep(0.2)
         return None
+
+
+def _recovery(log: list[dict]) -> dict[str, dict[str, float]]:
+    """Seconds from a kill -9 until the service served again, by kind of service."""
+    by_kind: dict[str, list[float]] = {}
+    for entry in log:
+        if entry.get("back_after_s") is not None:
+            by_kind.setdefault(entry["target"].rsplit("-", 1)[0], []).append(entry["back_after_s"])
+    return {kind: _spread(values) for kind, values in sorted(by_kind.items())}
+
+
+def router_instances(graph: ChaosGraph) -> dict[str, dict[str, str]]:
+    """Each router replica's workers, worker_id -> instance_id ({} for a replica that does not answer)."""
+    from tests.harness.graph import list_workers
+
+    async def one(endpoint: str) -> dict[str, str]:
+        try:
+            return {w.worker_id: w.instance_id for w in (await list_workers(endpoint)).workers}
+        except Exception:  # noqa: BLE001 (down or cut off: it lists nobody)
+            return {}
+
+    async def every() -> dict[str, dict[str, str]]:
+        return {r.name: await one(r.endpoint) for r in graph.routers}
+
+    return asyncio.run(every())
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -239,6 +278,9 @@ def run(args: argparse.Namespace, result: dict) -> None:
             plan = schedule(args.seed, args.duration_s, targets)
             t0 = time.monotonic()
             faults = Faults(graph, plan, t0)
+            stop_supervising = threading.Event()
+            supervisor = threading.Thread(target=graph.supervise, args=(stop_supervising, t0), daemon=True)
+            supervisor.start()
             faults.thread.start()
             print(f"chaos: {len(plan)} faults over {args.duration_s}s ...", flush=True)
             outcomes = asyncio.run(load(graph, pool, args.concurrency, t0 + args.duration_s, args.seed + 1,
@@ -261,6 +303,8 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 after = settle(graph, args.settle_s)
             except Exception as exc:  # noqa: BLE001 (written down: the invariants below then fail)
                 after = {"error": repr(exc), "replicas_agree": False, "num_blocks_leaked": -1}
+            stop_supervising.set()
+            supervisor.join(30)
             rss_end = rss_of(graph)
             print("settled; stopping the graph", flush=True)
             steady = [s.name for s in graph.services.values() if s.num_restarts == 0]
@@ -281,6 +325,9 @@ def run(args: argparse.Namespace, result: dict) -> None:
                              "seconds": _spread([o.end_s - o.start_s for _, o in outcomes if o.text is not None])},
                 "after": after,
                 "restarts": {s.name: s.num_restarts for s in graph.services.values() if s.num_restarts},
+                # Exits nobody caused (a worker whose engine died): restarted as `up` would; each is a finding.
+                "self_exits": graph.self_exits,
+                "recovery_s": _recovery(faults.log),
                 "rss": {"start_mib": rss_start, "end_mib": rss_end, "drift_never_restarted": drift,
                         "max_drift": max(drift.values(), default=0.0), "limit": RSS_DRIFT_MAX},
             })

@@ -3,7 +3,7 @@
 Mock topology: host A frontend x2 and router x2, B prefill + kvtier, C prefill + decode + kvtier, D decode.
 vLLM topology (2 cores cannot hold four engines): A the same, B prefill, D decode, no kvtier.
 A service keeps its command, host and core: ``restart`` starts the same command again, as `up` restarts a crashed
-child (cli/children.py).
+child (cli/children.py); ``supervise`` does so for a service that exits by itself, and writes each exit down.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ class ChaosGraph:
     num_blocks: int = 1024
     heartbeat_timeout_s: float = 5.0
     services: dict[str, Svc] = field(default_factory=dict)
+    # Held while a service is killed and started again, so that ``supervise`` never takes a fault for an exit.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Services that exited by themselves: {"at_s", "service", "returncode"}.
+    self_exits: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         a, b, c, d = self.hosts[0], self.hosts[1], self.hosts[2], self.hosts[3]
@@ -120,6 +125,20 @@ class ChaosGraph:
         svc.proc.wait(30)
         svc.num_restarts += 1
         self.spawn(svc)
+
+    def supervise(self, stop: threading.Event, t0: float, every_s: float = 0.5) -> None:
+        """Until ``stop``: restart any service that exited by itself, as `up` does (a worker whose engine died exits
+        for exactly that). Runs on a thread of its own."""
+        while not stop.wait(every_s):
+            for svc in self.services.values():
+                with self.lock:
+                    code = None if svc.proc is None else svc.proc.poll()
+                    if code is None:
+                        continue
+                    self.self_exits.append({"at_s": round(time.monotonic() - t0, 2), "service": svc.name,
+                                            "returncode": code})
+                    print("self_exit", json.dumps(self.self_exits[-1]), flush=True)
+                    self.restart(svc)
 
     def health(self, frontend: Svc) -> dict:
         try:

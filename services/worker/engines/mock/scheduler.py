@@ -136,6 +136,9 @@ class Scheduler:
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._loading: dict[str, _Seq] = {}
+        # The sequences the last plan computes, by identity: a request aborted during the step and sent again under
+        # the same id (a migrated stream) is another sequence, and that step's results are not its own.
+        self._planned: dict[str, _Seq] = {}
 
     # ------------------------------------------------------------------------------------------ figures
 
@@ -289,6 +292,7 @@ class Scheduler:
             prefills.append(PrefillChunk(seq_id, num_new, target == len(seq.token_ids)))
             budget -= num_new
 
+        self._planned = {seq_id: self._seqs[seq_id] for seq_id in (*(c.seq_id for c in prefills), *decodes)}
         return StepPlan(
             prefills=tuple(prefills),
             decode_seq_ids=tuple(decodes),
@@ -300,14 +304,15 @@ class Scheduler:
     def update(self, plan: StepPlan, new_token_ids: Mapping[str, int]) -> tuple[SeqOutput, ...]:
         """Apply a computed step. ``new_token_ids`` holds the sampled token of every sampling sequence.
 
-        Sequences aborted since ``schedule`` are skipped. Finished sequences are freed.
+        Sequences aborted since ``schedule`` are skipped, and so is a sequence added since under an aborted one's id.
+        Finished sequences are freed.
         """
         outputs: list[SeqOutput] = []
         chunks = [(chunk.seq_id, chunk.num_new_tokens, chunk.samples) for chunk in plan.prefills]
         chunks += [(seq_id, 1, True) for seq_id in plan.decode_seq_ids]
         for seq_id, num_new, samples in chunks:
             seq = self._seqs.get(seq_id)
-            if seq is None:
+            if seq is None or seq is not self._planned.get(seq_id):
                 continue
             seq.num_computed_tokens += num_new
             self.blocks.commit(seq_id, seq.token_ids, seq.num_computed_tokens)

@@ -202,6 +202,19 @@ def test_update_skips_sequences_aborted_during_the_step() -> None:
     assert sched.num_active_blocks() == 1  # b holds one block and has output
 
 
+def test_update_skips_a_sequence_added_again_under_an_id_aborted_during_the_step() -> None:
+    # A migrated stream: the frontend aborts it and sends it again, same id, to the worker that runs the step.
+    sched = _make(num_blocks=16)
+    sched.add(_spec("a", 4))
+    plan = sched.schedule()
+    sched.abort("a")
+    sched.add(_spec("a", 6))
+    assert sched.update(plan, {"a": 1}) == ()
+    assert sched.token_ids("a") == list(_spec("a", 6).token_ids)  # the new one waits, untouched
+    _, outputs = _step(sched)
+    assert [(out.seq_id, out.token_id) for out in outputs] == [("a", TOKEN)]
+
+
 def test_queued_prefill_tokens_count_waiting_prompts_and_unfinished_chunks() -> None:
     sched = _make(max_num_seqs=1, budget=8)
     sched.add(_spec("a", 20))
