@@ -372,7 +372,7 @@ def main() -> None:
                "service's host's link down 3 s), hog (busy process on the service's core 5 s)",
         load="streamed /v1/completions, greedy + seed; 3/4 a 1,024-token shared prefix (4 prefixes) + 64-511 "
              "unique tokens, 1/4 24 tokens; max_tokens 16/32/64; both frontends in turn",
-        shared_machine="2 cores shared with other engineers' unit tests")}
+        shared_machine="2 cores shared by every service, the load and the fault injector")}
     try:
         run(args, doc)
     except Exception as exc:

@@ -136,7 +136,8 @@ def main(argv: list[str]) -> None:
         cores="server processes and the client unpinned, sharing every core of the machine",
         cpu_measure="utime+stime (all threads) from /proc/<pid>/stat of every server process, after minus before "
                     f"the measured load, over requests; clock tick {1000 // CLK_TCK} ms",
-        note="shared 2-core machine (other engineers' unit tests running): compare arms within a pair of this run")
+        note="2-core machine, every process on every core; loadavg_before/after of each run tell what else ran: "
+             "compare arms within a pair of this run")
     doc: dict[str, Any] = {"conditions": cond, "runs": []}
     began = time.monotonic()
     for i, arm in enumerate(order):
