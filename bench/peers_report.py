@@ -81,12 +81,27 @@ def plot(doc: dict[str, Any], path: Path) -> str | None:
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
     cond = doc["conditions"]
-    fig.suptitle(f"{cond['model']} {cond['dtype']}, ISL {cond['workload']['isl']}, OSL {cond['workload']['osl']}, "
-                 f"SLO {cond['slo']}", fontsize=10)
+    fig.suptitle(f"{cond['model']} {cond['dtype']}, {workload_label(cond['workload'])}, SLO {cond['slo']}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path.name
+
+
+def workload_label(workload: dict[str, Any]) -> str:
+    """A plot title's words for a workload's description (bench/lib/workloads.py ``describe``): its kind and
+    lengths, whichever the kind has."""
+    def spec(value: Any) -> str:
+        return value.get("spec", str(value)) if isinstance(value, dict) else str(value)
+
+    parts = [workload.get("kind", "sharegpt-like")]
+    for key, name in (("isl", "ISL"), ("long_isl", "long ISL"), ("long_fraction", "long share"),
+                      ("num_prefixes", "prefixes"), ("prefix_len", "prefix"), ("suffix_len", "suffix"),
+                      ("turns", "turns"), ("osl", "OSL")):
+        if key in workload:
+            parts.append(f"{name} {spec(workload[key])}")
+    return ", ".join(parts)
 
 
 def pyspy_summary(path: Path, top: int = 12) -> dict[str, Any]:

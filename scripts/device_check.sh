@@ -6,6 +6,8 @@
 #   placement   the placement's CUDA_VISIBLE_DEVICES against `nvidia-smi -L` (scripts/device_check/placement_env.py)
 #   tier_mover  the kvtier connector's device <-> pinned host mover, bytes checked, GB/s beside a pinned copy
 #   nixl_vram   NIXL READ of KV-shaped VRAM between two processes, bytes checked, GB/s beside a device copy
+#   nixl_vram_ucx_defaults  the same READ with UCX's own settings in place of the worker's
+#   nixl_vram_write         the same blocks pushed: a WRITE, as push mode moves KV
 #
 #   scripts/device_check.sh                 # from anywhere; WHEELS=/path/to/wheels to use another directory
 set -uo pipefail
@@ -22,9 +24,11 @@ FAILED=0
 
 # Seconds per step: together under 8 minutes (480 s), with room for the machine's own start-up.
 INSTALL_TIMEOUT_S=${INSTALL_TIMEOUT_S:-60}
-PLACEMENT_TIMEOUT_S=${PLACEMENT_TIMEOUT_S:-90}
-MOVER_TIMEOUT_S=${MOVER_TIMEOUT_S:-120}
-NIXL_TIMEOUT_S=${NIXL_TIMEOUT_S:-180}
+PLACEMENT_TIMEOUT_S=${PLACEMENT_TIMEOUT_S:-60}
+MOVER_TIMEOUT_S=${MOVER_TIMEOUT_S:-90}
+NIXL_TIMEOUT_S=${NIXL_TIMEOUT_S:-120}
+NIXL_DEFAULTS_TIMEOUT_S=${NIXL_DEFAULTS_TIMEOUT_S:-70}
+NIXL_WRITE_TIMEOUT_S=${NIXL_WRITE_TIMEOUT_S:-70}
 
 log() { echo "[$((SECONDS - START_S))s] $*" | tee -a "$SUMMARY"; }
 
@@ -51,8 +55,10 @@ log "gpus: $(tr '\n' ';' < "$LOG_DIR/gpus.txt")"
 "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
 torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0))" >> "$SUMMARY" 2>&1
 
-# NIXL: the wheel unpacked into a directory on PYTHONPATH (a wheel is a zip; no pip, venv or network needed).
-SITE=$LOG_DIR/site
+# NIXL: the wheel unpacked into a directory on PYTHONPATH (a wheel is a zip; no pip, venv or network needed),
+# outside $LOG_DIR (~200 MB of libraries are no log) and removed at exit.
+SITE=$(mktemp -d /tmp/splitserve-nixl-site.XXXXXX)
+trap 'rm -rf "$SITE"' EXIT
 install() {
     set -e
     local wheel
@@ -68,21 +74,29 @@ export PY WHEELS SITE
 step install "$INSTALL_TIMEOUT_S" bash -c install || log "install failed: the NIXL step cannot run"
 export PYTHONPATH=$SITE OMP_NUM_THREADS=1
 
-step placement "$PLACEMENT_TIMEOUT_S" "$PY" scripts/device_check/placement_env.py --timeout-s 60 \
+step placement "$PLACEMENT_TIMEOUT_S" "$PY" scripts/device_check/placement_env.py --timeout-s 45 \
     --out "$LOG_DIR/placement.json"
 
 step tier_mover "$MOVER_TIMEOUT_S" "$PY" scripts/device_check/tier_mover.py --device cuda --layers 36 \
     --num-blocks 512 --move-blocks 64 --repeats 10 --out "$LOG_DIR/tier_mover.json"
 
 step nixl_vram "$NIXL_TIMEOUT_S" "$PY" scripts/device_check/nixl_vram.py --device cuda --layers 36 \
-    --num-blocks 256 --read-blocks 64 --repeats 10 --timeout-s 120 --out "$LOG_DIR/nixl_vram.json"
+    --num-blocks 256 --read-blocks 64 --repeats 10 --timeout-s 80 --out "$LOG_DIR/nixl_vram.json"
+
+step nixl_vram_ucx_defaults "$NIXL_DEFAULTS_TIMEOUT_S" "$PY" scripts/device_check/nixl_vram.py --device cuda \
+    --layers 36 --num-blocks 256 --read-blocks 64 --repeats 10 --timeout-s 40 --ucx defaults \
+    --out "$LOG_DIR/nixl_vram_ucx_defaults.json"
+
+step nixl_vram_write "$NIXL_WRITE_TIMEOUT_S" "$PY" scripts/device_check/nixl_vram.py --device cuda \
+    --layers 36 --num-blocks 256 --read-blocks 64 --repeats 10 --timeout-s 40 --op WRITE \
+    --out "$LOG_DIR/nixl_vram_write.json"
 
 # One JSON of everything, for the README's figures.
 "$PY" - "$LOG_DIR" <<'PYEOF' || FAILED=1
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 steps = {}
-for name in ("placement", "tier_mover", "nixl_vram"):
+for name in ("placement", "tier_mover", "nixl_vram", "nixl_vram_ucx_defaults", "nixl_vram_write"):
     path = out / f"{name}.json"
     steps[name] = json.loads(path.read_text()) if path.is_file() else None
 summary = (out / "summary.txt").read_text().splitlines()

@@ -664,9 +664,24 @@ def test_device_check_runs_real_scripts_with_real_options_under_8_minutes() -> N
     assert ".device-wheels/" in (ROOT / ".gitignore").read_text()
     # Under 8 minutes: the per-step timeouts add up to less, and each script's own limit fits its step.
     timeouts = {name: int(v) for name, v in re.findall(r"(\w+)_TIMEOUT_S=\$\{\w+:-(\d+)\}", text)}
-    assert set(timeouts) == {"INSTALL", "PLACEMENT", "MOVER", "NIXL"} and sum(timeouts.values()) < 8 * 60, timeouts
+    assert set(timeouts) == {"INSTALL", "PLACEMENT", "MOVER", "NIXL", "NIXL_DEFAULTS", "NIXL_WRITE"} and sum(timeouts.values()) < 8 * 60, timeouts
     for script, args in steps:
         if "--timeout-s" in args:
             own = float(args[args.index("--timeout-s") + 1])
             step = {"placement_env": "PLACEMENT", "nixl_vram": "NIXL"}[Path(script).stem]
             assert own < timeouts[step], (script, own, timeouts[step])
+
+
+def test_nixl_matrix_cases_use_real_options() -> None:
+    """scripts/device_check/nixl_matrix.sh (the follow-up check on a GPU machine) passes only options nixl_vram.py has,
+    and each case writes a JSON of its own."""
+    matrix = ROOT / "scripts" / "device_check" / "nixl_matrix.sh"
+    result = subprocess.run(["bash", "-n", str(matrix)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    help_text = subprocess.run([sys.executable, str(ROOT / "scripts/device_check/nixl_vram.py"), "--help"],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+    text = matrix.read_text()
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", text)) - {"--kill-after"}
+    assert options and all(o in help_text for o in options), sorted(o for o in options if o not in help_text)
+    cases = re.findall(r"^one (\w+) ", text, re.MULTILINE)
+    assert len(cases) == len(set(cases)) >= 8, cases

@@ -33,13 +33,23 @@ def run(device: str, layers: int, num_blocks: int, move_blocks: int, repeats: in
     from services.worker.engines.vllm.tier.mover import TierMover
     from tests.harness import tier_mover_checks as checks
 
-    checked = {}
+    # Each check's failure is recorded, not raised: one run on a lent machine should still bring back the rest.
+    checked: dict[str, bool] = {}
+    errors: dict[str, str] = {}
+
+    def check(name: str, fn) -> None:
+        try:
+            fn()
+            checked[name] = True
+        except Exception as exc:  # an AssertionError from the byte checks, or a CUDA error
+            checked[name], errors[name] = False, repr(exc)[:500]
+
     for split_kv in (False, True):
-        checks.check_save_round_trip(device, split_kv)
-        checks.check_load_round_trip(device, split_kv)
-        checked[f"round_trips_split_kv_{split_kv}"] = True
-    checks.check_copy_follows_queued_writes(device)
-    checked["copy_follows_queued_writes"] = True
+        check(f"save_round_trip_split_kv_{split_kv}", lambda: checks.check_save_round_trip(device, split_kv))
+        check(f"load_round_trip_split_kv_{split_kv}", lambda: checks.check_load_round_trip(device, split_kv))
+        check(f"staged_load_round_trip_split_kv_{split_kv}",
+              lambda: checks.check_staged_load_round_trip(device, split_kv))
+    check("copy_follows_queued_writes", lambda: checks.check_copy_follows_queued_writes(device))
 
     # A GPU backend's [2, num_blocks, block_size, kv_heads, head_dim] per layer (K and V split), bf16: 32 tokens x
     # 8 heads x 128 = 64 KiB per K or V slab, 128 KiB per layer-block.
@@ -52,21 +62,28 @@ def run(device: str, layers: int, num_blocks: int, move_blocks: int, repeats: in
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     host_blocks = mover.to_host(layout.pack(ids)).wait().clone()
     save_s = _timed(lambda: mover.to_host(layout.pack(ids)).wait(), sync, repeats)
-    load_s = _timed(lambda: layout.unpack(ids, mover.to_device(host_blocks)), sync, repeats)
+    # A load as the loader does it: kvtier's reply holds one bytes object per block, staged (pinned) once.
+    fetched = [host_blocks[i].numpy().tobytes() for i in range(len(ids))]
+    load_s = _timed(lambda: layout.unpack(ids, mover.to_device(mover.stage(fetched, layout.block_bytes))), sync,
+                    repeats)
+    # The same from one pageable tensor (to_device pins it with a copy first): the loader before staging, less
+    # the join of the blocks it also made.
+    load_pageable_s = _timed(lambda: layout.unpack(ids, mover.to_device(host_blocks)), sync, repeats)
     # The plain copies of the same bytes, pinned host <-> one contiguous device tensor.
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device == "cuda")
     d2h_s = _timed(lambda: pinned.copy_(flat, non_blocking=True), sync, repeats)
     h2d_s = _timed(lambda: flat.copy_(pinned, non_blocking=True), sync, repeats)
-    return {"bytes_ok": all(checked.values()), "checks": checked, "bytes": nbytes, "num_blocks_moved": len(ids),
+    return {"bytes_ok": all(checked.values()), "checks": checked, "errors": errors, "bytes": nbytes, "num_blocks_moved": len(ids),
             "block_bytes": layout.block_bytes, "repeats": repeats,
             "save_gbps": gbps(nbytes, save_s), "load_gbps": gbps(nbytes, load_s),
+            "load_pageable_tensor_gbps": gbps(nbytes, load_pageable_s),
             "pinned_d2h_gbps": gbps(nbytes, d2h_s), "pinned_h2d_gbps": gbps(nbytes, h2d_s),
             "save_median_s": round(save_s, 6), "load_median_s": round(load_s, 6),
             "conditions": {"device": device, "layers": layers, "cache_blocks": num_blocks,
                            "layout": "[2, blocks, 32, 8, 128] bf16 per layer",
                            "save": "KvLayout.pack on the device + TierMover.to_host (side stream) + wait",
-                           "load": "TierMover.to_device (pinned staging, side stream) + KvLayout.unpack",
+                           "load": "TierMover.stage (one bytes per block into pinned rows) + to_device (side stream) + KvLayout.unpack",
                            "torch": torch.__version__, "cuda": torch.version.cuda}}
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.workloads import make_workload
+from bench.lib.workloads import WorkloadSpec, make_workload
 from bench.peers import build_parser, workload_spec
 from bench.peers_arms import ARMS
-from bench.peers_report import pyspy_summary, summarize
+from bench.peers_report import pyspy_summary, summarize, workload_label
 
 
 def test_arms_are_well_formed() -> None:
@@ -86,3 +86,16 @@ def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:
     (tmp_path / "v1" / "mdc").mkdir(parents=True)
     (tmp_path / "v1" / "mdc" / "generate-card").write_text("{}")  # a model card, not an instance
     assert _registered(tmp_path) == 2
+
+
+@pytest.mark.parametrize(("kind", "extra", "expected"), [
+    ("synthetic", {"isl": "uniform:128:2048"}, "synthetic, ISL uniform:128:2048, OSL 96"),
+    ("long-mix", {"isl": "uniform:64:256", "long_isl": "2048", "long_fraction": 0.2},
+     "long-mix, ISL uniform:64:256, long ISL 2048, long share 0.2, OSL 96"),
+    ("shared-prefix", {"num_prefixes": 4, "prefix_len": 1536, "suffix_len": "64"},  # has no ISL: once a KeyError
+     "shared-prefix, prefixes 4, prefix 1536, suffix 64, OSL 96"),
+    ("multi-turn", {"isl": "128", "turns": "4"}, "multi-turn, ISL 128, turns 4, OSL 96"),
+])
+def test_plot_title_names_each_workloads_lengths(kind, extra, expected) -> None:
+    workload = WorkloadSpec(kind=kind, osl="96", **extra).describe()
+    assert workload_label(workload) == expected

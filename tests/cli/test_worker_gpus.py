@@ -8,7 +8,7 @@ import typer
 
 import cli.gpus
 from cli.cmd_worker import _gpu_env
-from services.worker.engines.vllm.ucx import GPU_UCX_TLS
+from services.worker.engines.vllm.ucx import CUDA_IPC_GET, GPU_UCX_TLS
 
 
 @pytest.fixture(autouse=True)
@@ -16,6 +16,7 @@ def four_gpus(monkeypatch):
     monkeypatch.setattr(cli.gpus, "listed_gpus", lambda: (0, 1, 2, 3))
     monkeypatch.setattr(cli.gpus, "has_rdma_device", lambda: True)
     monkeypatch.delenv("UCX_TLS", raising=False)
+    monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
 
 
 @pytest.mark.parametrize(("gpus", "given", "devices"), [
@@ -24,12 +25,12 @@ def four_gpus(monkeypatch):
     ("1-3", {}, "1"),  # one device for a TP1 engine: the first named
 ])
 def test_the_engine_gets_its_devices_and_ucx_for_gpu_memory(gpus, given, devices) -> None:
-    assert _gpu_env(gpus, given) == {"CUDA_VISIBLE_DEVICES": devices, "UCX_TLS": GPU_UCX_TLS}
+    assert _gpu_env(gpus, given) == {"CUDA_VISIBLE_DEVICES": devices, "UCX_TLS": GPU_UCX_TLS, **CUDA_IPC_GET}
 
 
 def test_the_users_ucx_tls_wins(monkeypatch) -> None:
     monkeypatch.setenv("UCX_TLS", "rc,cuda_copy,cuda_ipc")
-    assert _gpu_env("0", {}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert _gpu_env("0", {}) == {"CUDA_VISIBLE_DEVICES": "0", **CUDA_IPC_GET}
 
 
 @pytest.mark.parametrize(("gpus", "given"), [("4", {}), ("0,1", {"tensor_parallel_size": 4}), ("zero", {})])

@@ -21,5 +21,10 @@ def test_load_round_trip(split_kv: bool) -> None:
     checks.check_load_round_trip("cuda", split_kv)
 
 
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_staged_load_round_trip(split_kv: bool) -> None:
+    checks.check_staged_load_round_trip("cuda", split_kv)
+
+
 def test_copy_follows_queued_writes() -> None:
     checks.check_copy_follows_queued_writes("cuda")

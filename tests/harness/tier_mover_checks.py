@@ -60,6 +60,23 @@ def check_load_round_trip(device: str, split_kv: bool) -> None:
         assert expected_block(caches, other, split_kv) == expected_block(before, other, split_kv)
 
 
+def check_staged_load_round_trip(device: str, split_kv: bool) -> None:
+    """Fetched blocks (one ``bytes`` each, as kvtier's reply holds them) staged, moved and unpacked: the planned
+    blocks hold them, every other block is untouched, and the staging is pinned where it feeds a GPU copy."""
+    caches = kv_caches(device, split_kv)
+    layout = KvLayout.from_kv_caches(caches, NUM_BLOCKS)
+    mover = TierMover(device)
+    before = {n: t.clone() for n, t in caches.items()}
+    source, targets = [3, 0, 5], [7, 2, 6]
+    staged = mover.stage([expected_block(caches, b, split_kv) for b in source], layout.block_bytes)
+    assert staged.shape == (len(source), layout.block_bytes) and staged.is_pinned() == mover.on_cuda
+    layout.unpack(targets, mover.to_device(staged))
+    for target, src in zip(targets, source):
+        assert expected_block(caches, target, split_kv) == expected_block(before, src, split_kv)
+    for other in set(range(NUM_BLOCKS)) - set(targets):
+        assert expected_block(caches, other, split_kv) == expected_block(before, other, split_kv)
+
+
 def check_copy_follows_queued_writes(device: str) -> None:
     """A save right after the engine wrote its blocks (no synchronize between) carries the new bytes: the side
     stream's copy starts after the work already queued."""

@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 
 import structlog
-import torch
 
 from common.protocol import TierBlock
 from services.worker.engines.vllm.tier.layout import KvLayout
@@ -46,7 +45,7 @@ class TierLoader:
         got = self.client.fetch(plan.block_hashes, layout.block_bytes, self._fetch_timeout_s(plan))
         self.last_tier = self.client.last_fetch_tier
         if got:
-            data = torch.frombuffer(bytearray(b"".join(got)), dtype=torch.uint8).view(len(got), layout.block_bytes)
+            data = self.mover.stage(got, layout.block_bytes)
             layout.unpack(plan.block_ids[:len(got)], self.mover.to_device(data))
         return len(got)
 
@@ -96,8 +95,8 @@ class TierLoader:
         t2 = time.perf_counter()
         inline = [(bid, b.data) for bid, b in zip(block_ids, blocks) if b.slot < 0]
         if inline:
-            data = torch.frombuffer(bytearray(b"".join(d for _, d in inline)), dtype=torch.uint8)
-            layout.unpack([bid for bid, _ in inline], self.mover.to_device(data.view(len(inline), layout.block_bytes)))
+            data = self.mover.stage([d for _, d in inline], layout.block_bytes)
+            layout.unpack([bid for bid, _ in inline], self.mover.to_device(data))
         num_ok = len(blocks)
         for i, (bid, block) in enumerate(zip(block_ids, blocks)):
             if block.slot >= 0 and not (read_ok and nixl.checksum(bid) == block.checksum):
