@@ -130,7 +130,7 @@ def run_arm(args: argparse.Namespace, arm_name: str, index: int, rates: list[flo
     out: dict[str, Any] = {"arm": arm_name, "index": index, "what": arm.what, "system": arm.system,
                            "loadavg_before": loadavg(), "uptime": _uptime()}
     all_cores = os.sched_getaffinity(0)
-    running = start_arm(arm, args.model, args.dtype, Path(args.log_dir), args.kv_transfer, index)
+    running = start_arm(arm, args.model, args.dtype, Path(args.log_dir), args.kv_transfer, index, args.num_blocks)
     try:
         out.update(running.facts)
         out["pids"] = running.pids
@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--turns", default="4", help="multi-turn")
     ap.add_argument("--think-time-s", default="0", help="multi-turn")
     ap.add_argument("--slo", default=SLO)
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="KV blocks per engine, every arm alike (default: what VLLM_CPU_KVCACHE_SPACE holds)")
     ap.add_argument("--kv-transfer", choices=("pull", "push"), default="push", help="splitserve P/D arms")
     ap.add_argument("--max-duration-s", type=float, default=120.0)
     ap.add_argument("--timeout-s", type=float, default=180.0)
@@ -232,6 +234,7 @@ def main() -> None:
         "num_requests_per_point": args.num_requests, "slo": args.slo, "splitserve_kv_transfer": args.kv_transfer,
         "transfer_backend": "NIXL UCX (vLLM NixlConnector / NixlPushConnector), kv_buffer_device cpu",
         "concurrency": args.concurrency or None,
+        "num_blocks_per_engine": args.num_blocks or "what 1 GiB of KV cache holds (VLLM_CPU_KVCACHE_SPACE=1)",
         "rates": None if args.concurrency else rates or f"the measured prefill limit x {args.rate_fractions}",
         "uptime": _uptime(),
         "note": "shared 2-core machine: compare arms within a pair of this run"})

@@ -45,6 +45,7 @@ class Arm:
     up_args: tuple[str, ...] = ()  # splitserve: `up` arguments
     alike: bool = False  # vLLM: engines set like splitserve's (ALIKE_ARGS, ALIKE_ENV)
     kv_transfer: str = ""  # splitserve P/D: pull | push ("" : the run's --kv-transfer)
+    kvtier: bool = False  # splitserve: with its shared KV tier (host memory) beside the engines
 
 
 ARMS = {a.name: a for a in (
@@ -58,6 +59,9 @@ ARMS = {a.name: a for a in (
         "vLLM's NixlConnector)", True, ("--prefill", "1", "--decode", "1"), kv_transfer="pull"),
     Arm("ss-pd-remote", "splitserve", "splitserve P/D, every prompt prefilled remotely (--local-prefill-max-tokens 0)",
         True, ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "0")),
+    Arm("ss-pd-tier", "splitserve", "splitserve P/D, `up` defaults with its KV tier (kvtier, a host-memory pool "
+        "on the prefill core): blocks the engines evict come back from host memory on a prefix hit", True,
+        ("--prefill", "1", "--decode", "1"), kvtier=True),
     Arm("ss-agg", "splitserve", "splitserve aggregated: 2 workers role both, KV-aware routing", False,
         ("--aggregated", "2")),
     Arm("vllm-pd", "vllm", "vLLM P/D: 2 vLLM servers (NixlConnector kv_both) behind vllm-router "
@@ -90,15 +94,23 @@ def process_cpu(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def start_arm(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int) -> Running:
+def start_arm(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int,
+              num_blocks: int | None = None) -> Running:
+    """``num_blocks``: KV blocks per engine in every arm (splitserve `--num-blocks`, vLLM
+    `--num-gpu-blocks-override`), to make a workload's prefixes outgrow the engines' caches alike."""
     if arm.system == "splitserve":
-        return _splitserve(arm, model, dtype, log_dir, kv_transfer, index)
-    return _vllm(arm, model, dtype, log_dir, index)
+        return _splitserve(arm, model, dtype, log_dir, kv_transfer, index, num_blocks)
+    return _vllm(arm, model, dtype, log_dir, index, num_blocks)
 
 
-def _splitserve(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int) -> Running:
-    args = ["--engine", "vllm", "--model", str(model), "--dtype", dtype, "--block-size", "32", "--no-kvtier",
+def _splitserve(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int,
+                num_blocks: int | None) -> Running:
+    args = ["--engine", "vllm", "--model", str(model), "--dtype", dtype, "--block-size", "32",
             "--log-level", "warning", *arm.up_args]
+    if not arm.kvtier:
+        args.append("--no-kvtier")
+    if num_blocks:
+        args += ["--num-blocks", str(num_blocks)]
     if arm.pd:
         args += ["--kv-transfer", arm.kv_transfer or kv_transfer]
     graph = start_graph(log_dir, *args, ready_timeout_s=300.0, log_name=f"peers-{index}-{arm.name}.log")
@@ -113,12 +125,14 @@ def _router_bin() -> str:
     return found
 
 
-def _vllm(arm: Arm, model: Path, dtype: str, log_dir: Path, index: int) -> Running:
+def _vllm(arm: Arm, model: Path, dtype: str, log_dir: Path, index: int, num_blocks: int | None) -> Running:
     began = time.monotonic()
     name = model.resolve().name
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
            **(ALIKE_ENV if arm.alike else {})}
     engine = ["--dtype", dtype, *(ALIKE_ARGS if arm.alike else ())]
+    if num_blocks:
+        engine += ["--num-gpu-blocks-override", str(num_blocks)]
     if arm.pd:
         kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
         engine += ["--kv-transfer-config", kv]

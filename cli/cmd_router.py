@@ -19,7 +19,7 @@ from cli.options import (
 )
 from cli.runner import run_service
 from cli.tracing_setup import OtlpTracesEndpoint, configure_tracing
-from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
 
 if TYPE_CHECKING:
     from services.router.cost import CostConfig
@@ -32,6 +32,9 @@ def router(
     policy: str = typer.Option("kv", help="kv | round-robin | random | least-loaded"),
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, help="Uncached prompt tokens at or below which the "
                                                  "decode worker prefills locally"),
+    local_prefill_max_stall_ms: float = typer.Option(LOCAL_PREFILL_MAX_STALL_S * 1e3, help="...and, while that "
+                                                     "worker streams, whose predicted prefill stalls its streams "
+                                                     "at most this long (inf: any)"),
     events_endpoint: str = typer.Option("", help="ZeroMQ SUB bind address for KV events (default: --endpoint's "
                                         "host, a free port)"),
     events_advertise: str = typer.Option("", help="KV-event address workers are told: an endpoint or a host (the "
@@ -106,6 +109,7 @@ def router(
                           metrics_host=metrics_host,
                           transport=transport(curve_dir, "router"),
                           policy=PolicyConfig(policy=policy, local_prefill_max_tokens=local_prefill_max_tokens,
+                                              local_prefill_max_stall_s=local_prefill_max_stall_ms / 1e3,
                                               cost=cost,
                                               tiers=_tier_config(cost_profile, host_tier_bytes_per_s,
                                                                  disk_tier_bytes_per_s),

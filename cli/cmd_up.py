@@ -56,7 +56,7 @@ from cli.options import (
 )
 from cli.tracing_setup import OtlpTracesEndpoint
 from services.planner import defaults as planner_defaults
-from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
 
 ENGINE = "Engine and model"
 POOLS = "Pools"
@@ -131,6 +131,9 @@ def up(
     routers: int = typer.Option(1, min=1, help="Router replicas (each fed by every worker; frontends use any live one)",
                                 rich_help_panel=ROUTING),
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, rich_help_panel=ROUTING),
+    local_prefill_max_stall_ms: float = typer.Option(LOCAL_PREFILL_MAX_STALL_S * 1e3, help="A streaming decode "
+                                                     "worker prefills locally only within this stall",
+                                                     rich_help_panel=ROUTING),
     router_prefill_weight: Optional[float] = typer.Option(None, help="Router's kv prefill weight (default: its own)",
                                                           rich_help_panel=ROUTING),
     router_link_min_samples: Optional[int] = typer.Option(None, help="Router's --link-min-samples (default: "
@@ -283,7 +286,8 @@ def up(
                         max_connections=max_connections)
     spec = GraphSpec(model=model_dir, engine=engine, num_prefill=0 if aggregated else prefill,
                      num_decode=0 if aggregated else decode, num_aggregated=aggregated, router_policy=router_policy,
-                     local_prefill_max_tokens=local_prefill_max_tokens, block_size=block_size, num_blocks=num_blocks,
+                     local_prefill_max_tokens=local_prefill_max_tokens,
+                     local_prefill_max_stall_ms=local_prefill_max_stall_ms, block_size=block_size, num_blocks=num_blocks,
                      mock_speedup=mock_speedup, mock_profile=mock_profile, mock_start_s=mock_start_s,
                      mock_nixl=mock_nixl, mock_block_bytes=mock_block_bytes,
                      kvtier=not no_kvtier,

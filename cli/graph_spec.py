@@ -15,7 +15,7 @@ from cli.placement import Placement
 from cli.ports import free_port
 from cli.tracing_setup import tracing_args
 from services.planner import defaults as planner_defaults
-from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
 
 # `up`'s P/D KV transfer: push. Measured on a 2-core host (docs/measuring.md, "Pull or push"; bench/interference.py, A B A B):
 # long prompts' TTFT p50 -7% (p99 -20%), decode ITL p99 with long prompts -4%. `up` binds every side channel to
@@ -67,6 +67,7 @@ class GraphSpec:
     router_policy: str = "kv"
     num_routers: int = 1  # replicas; each worker and kvtier registers with every one
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
+    local_prefill_max_stall_ms: float = LOCAL_PREFILL_MAX_STALL_S * 1e3
     block_size: int = 32
     num_blocks: int | None = None
     mock_speedup: float = 1.0
@@ -242,6 +243,7 @@ def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
     metrics_port = spec.router_metrics_port if index == 0 else 0
     cmd = ["router", "--endpoint", endpoint, "--policy", spec.router_policy,
            "--local-prefill-max-tokens", str(spec.local_prefill_max_tokens),
+           "--local-prefill-max-stall-ms", str(spec.local_prefill_max_stall_ms),
            "--metrics-port", str(metrics_port or free_port())]
     if spec.router_prefill_weight is not None:
         cmd += ["--prefill-weight", str(spec.router_prefill_weight)]

@@ -14,7 +14,7 @@ from typing import Literal
 
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
-from services.router.defaults import LOCAL_PREFILL_MAX_TOKENS
+from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
 from services.router.cost import (CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, prefill_rate,
                                   queued_tokens, typical_rate)
 from services.router.index import TierOverlap
@@ -66,8 +66,13 @@ class PolicyConfig:
     busy_threshold: float = 0.95
     # 0: always the lowest cost. Above 0: sample softmax(-normalised cost / temperature).
     temperature: float = 0.0
-    # Uncached prompt tokens at or below which the decode worker prefills locally.
+    # Uncached prompt tokens at or below which the decode worker prefills locally...
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
+    # ...if it has no streams, or the prefill's predicted seconds (uncached tokens / its prefill rate) are at most
+    # this: a local prefill stalls every stream on the decode engine for its length (one inter-token gap). Without
+    # it, 64-token suffixes after cached 1,536-token prefixes went local on a CPU decode engine and broke a 60 ms
+    # ITL SLO (bench/results/peers-shared-prefix.json: goodput 0.1 vs vLLM P/D's 0.4 req/s). inf: never priced.
+    local_prefill_max_stall_s: float = LOCAL_PREFILL_MAX_STALL_S
     # The prefill pool is saturated when every prefill worker has at least this many requests waiting.
     prefill_queue_limit: int = 8
     # kv policy: local vs remote prefill, and which prefill worker, in predicted seconds (services/router/cost.py).
@@ -76,8 +81,8 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.policy not in ("kv", "round-robin", "random", "least-loaded"):
             raise ValueError(f"unknown routing policy {self.policy!r}")
-        if self.temperature < 0 or self.prefill_weight < 0:
-            raise ValueError("temperature and prefill_weight must be >= 0")
+        if self.temperature < 0 or self.prefill_weight < 0 or not self.local_prefill_max_stall_s >= 0:
+            raise ValueError("temperature, prefill_weight and local_prefill_max_stall_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -262,11 +267,16 @@ def decide_prefill(
     num_cached_tokens_on_decode: int,
     prefill_candidates: Sequence[Candidate],
     config: PolicyConfig,
+    local_stall_s: float = 0.0,
 ) -> PrefillDecision:
-    """Local prefill on the decode worker, or remote on the prefill pool (checked in this order)."""
+    """Local prefill on the decode worker, or remote on the prefill pool (checked in this order).
+
+    ``local_stall_s``: predicted seconds a local prefill would stall the decode worker's streams (0: it has none).
+    """
     if not prefill_candidates:
         return PrefillDecision(False, "no_prefill_pool")
-    if num_prompt_tokens - num_cached_tokens_on_decode <= config.local_prefill_max_tokens:
+    if (num_prompt_tokens - num_cached_tokens_on_decode <= config.local_prefill_max_tokens
+            and local_stall_s <= config.local_prefill_max_stall_s):
         return PrefillDecision(False, "short_uncached")
     if all(c.load.num_waiting >= config.prefill_queue_limit for c in prefill_candidates):
         return PrefillDecision(False, "prefill_saturated")
@@ -314,7 +324,8 @@ class Policy:
         decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config, peer_rate)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
-        decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config)
+        decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config,
+                                  predicted_stall_s(num_prompt_tokens, decode_site, config.cost))
         if not decision.remote:
             local_s = local_prefill_s(num_prompt_tokens, decode_site, config.cost) if kv else 0.0
             return RouteChoice(decode.worker_id, None, cached_on_decode, decision.reason, decode, predicted_s=local_s)
@@ -360,6 +371,15 @@ class Policy:
         _, credit, _ = next(s for s in ties if s[2].worker_id == pair.decode_worker_id)
         return Choice(pair.decode_worker_id, decode.cost, credit, decode.reason, decode.best_overlap_blocks,
                       decode.all_busy)
+
+
+def predicted_stall_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
+    """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams;
+    routed-since-report requests count, as ``effective_load`` adds them as waiting)."""
+    if decode.load.num_running + decode.load.num_waiting == 0:
+        return 0.0
+    uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
+    return uncached / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
 
 
 def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig,

@@ -27,6 +27,10 @@ def test_local_prefill_threshold_default_is_the_routers() -> None:
     assert _default(router, "local_prefill_max_tokens") == expected
     assert _default(up, "local_prefill_max_tokens") == expected
     assert GraphSpec().local_prefill_max_tokens == expected
+    expected_ms = PolicyConfig().local_prefill_max_stall_s * 1e3
+    assert _default(router, "local_prefill_max_stall_ms") == expected_ms
+    assert _default(up, "local_prefill_max_stall_ms") == expected_ms
+    assert GraphSpec().local_prefill_max_stall_ms == expected_ms
 
 
 def test_router_endpoint_default_is_the_routers() -> None:

@@ -164,20 +164,58 @@ POOL = [cand("p1", waiting=2), cand("p2", waiting=9)]
 
 
 @pytest.mark.parametrize(
-    ("prompt", "cached", "pool", "expected"),
+    ("prompt", "cached", "pool", "expected", "stall_s"),
     [
-        (4000, 0, [], PrefillDecision(False, "no_prefill_pool")),
-        (256, 0, POOL, PrefillDecision(False, "short_uncached")),  # at the limit: local
-        (257, 0, POOL, PrefillDecision(True, "remote")),
-        (1000, 800, POOL, PrefillDecision(False, "short_uncached")),  # 200 uncached
-        (1000, 700, POOL, PrefillDecision(True, "remote")),
-        (4000, 0, [cand("p1", waiting=8), cand("p2", waiting=9)], PrefillDecision(False, "prefill_saturated")),
-        (4000, 0, [cand("p1", waiting=7), cand("p2", waiting=9)], PrefillDecision(True, "remote")),
-        (100, 0, [cand("p1", waiting=8)], PrefillDecision(False, "short_uncached")),  # short before saturated
+        (4000, 0, [], PrefillDecision(False, "no_prefill_pool"), 0.0),
+        (256, 0, POOL, PrefillDecision(False, "short_uncached"), 0.0),  # at the limit: local
+        (257, 0, POOL, PrefillDecision(True, "remote"), 0.0),
+        (1000, 800, POOL, PrefillDecision(False, "short_uncached"), 0.0),  # 200 uncached
+        (1000, 700, POOL, PrefillDecision(True, "remote"), 0.0),
+        (4000, 0, [cand("p1", waiting=8), cand("p2", waiting=9)], PrefillDecision(False, "prefill_saturated"), 0.0),
+        (4000, 0, [cand("p1", waiting=7), cand("p2", waiting=9)], PrefillDecision(True, "remote"), 0.0),
+        (100, 0, [cand("p1", waiting=8)], PrefillDecision(False, "short_uncached"), 0.0),  # short before saturated
+        # A decode worker with streams: short prompts go local only while the stall fits (default 25 ms).
+        (100, 0, POOL, PrefillDecision(False, "short_uncached"), 0.025),
+        (100, 0, POOL, PrefillDecision(True, "remote"), 0.026),
+        (100, 0, [cand("p1", waiting=8)], PrefillDecision(False, "prefill_saturated"), 0.5),  # no room remotely
     ],
 )
-def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expected: PrefillDecision) -> None:
-    assert decide_prefill(prompt, cached, pool, KV) == expected
+def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expected: PrefillDecision,
+                        stall_s: float) -> None:
+    assert decide_prefill(prompt, cached, pool, KV, stall_s) == expected
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "rate", "uncached", "expected_s"),
+    [
+        (0, 0, 0.0, 64, 0.0),  # no streams to stall
+        (2, 0, 0.0, 64, 0.032),  # the default rate, 2,000 tokens/s
+        (0, 1, 0.0, 64, 0.032),  # routed since the last report: streaming soon
+        (1, 0, 640.0, 64, 0.1),  # the worker's measured rate
+    ],
+)
+def test_predicted_stall_s(running: int, waiting: int, rate: float, uncached: int, expected_s: float) -> None:
+    from services.router.cost import Site
+    from services.router.policy import predicted_stall_s
+
+    load = WorkerLoad(num_running=running, num_waiting=waiting, prefill_tokens_per_s=rate)
+    site = Site("d1", load, num_cached_tokens=1536)
+    assert predicted_stall_s(1536 + uncached, site, CostConfig()) == pytest.approx(expected_s)
+
+
+def test_route_streaming_decode_worker_sends_a_short_suffix_remote() -> None:
+    # The shared-prefix case: 1,536 tokens cached on the decode worker, a 64-token suffix. Idle, it prefills there
+    # (no stream to stall); with 2 streams and a measured 640 tokens/s the 100 ms stall goes remote instead.
+    prompt = 1600
+    overlaps = {"d1": dev(1536 // BS), "p1": dev(1536 // BS)}
+    idle = route(Policy(PolicyConfig()), prompt, [cand("d1")], [cand("p1")], overlaps)
+    assert summary(idle) == ("d1", None, 1536, "short_uncached")
+    streaming = Candidate("d1", WorkerLoad(num_running=2, num_free_blocks=100, num_total_blocks=100,
+                                           prefill_tokens_per_s=640.0))
+    busy = route(Policy(PolicyConfig()), prompt, [streaming], [cand("p1")], overlaps)
+    assert summary(busy) == ("d1", "p1", 1536, "remote")
+    assert summary(route(Policy(PolicyConfig(local_prefill_max_stall_s=float("inf"))), prompt, [streaming],
+                         [cand("p1")], overlaps)) == ("d1", None, 1536, "short_uncached")
 
 
 HASHES = list(range(1000, 1250))  # 250 full blocks = a 4,000-token prompt

@@ -349,6 +349,7 @@ class VllmEngine(VllmAdapters):
             num_total_blocks=self.num_blocks,
             # vLLM reports only total usage; blocks held by running sequences are its best proxy.
             num_active_blocks=used,
+            prefill_tokens_per_s=self._stats.prefill_tokens_per_s,
         )
 
     @property

@@ -47,6 +47,8 @@ class EngineStatsSink:
         self.num_transfer_failures = 0
         # kvtier connector loads (services/worker/engines/vllm/tier/stats.py), for the router's tier speeds.
         self.tier_loads = TierLoadLog()
+        # Prompt tokens computed per second of prefill (WorkerLoad.prefill_tokens_per_s; 0: none measured yet).
+        self.prefill_tokens_per_s = 0.0
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
@@ -64,6 +66,9 @@ class EngineStatsSink:
             num_local_cache_hit=old.num_local_cache_hit + tokens.local_cache_hit,
             num_external_kv_transfer=old.num_external_kv_transfer + tokens.external_kv_transfer,
         )
+        for finished in stats.finished_requests:
+            self.prefill_tokens_per_s = prefill_rate(self.prefill_tokens_per_s, finished.num_prompt_tokens
+                                                     - finished.num_cached_tokens, finished.prefill_time)
 
     def _record_connector(self, data: dict[str, Any]) -> None:
         # NixlKVConnectorStats.data: lists with one entry per successful READ (durations in s) and one
@@ -109,6 +114,22 @@ class EngineStatsSink:
             num_prompt_tokens_cached=self.prompt_sources.num_local_cache_hit,
             num_prompt_tokens_pulled=self.prompt_sources.num_external_kv_transfer,
         )
+
+
+# A prefill of fewer computed tokens measures per-step overhead, not a rate (a decode worker computes 1 of a pulled
+# prompt); each measurement moves the average this much.
+MIN_RATE_TOKENS = 32
+RATE_WEIGHT = 0.2
+
+
+def prefill_rate(old_tokens_per_s: float, num_computed_tokens: int, prefill_s: float) -> float:
+    """The running prefill rate after one finished request: its computed prompt tokens over vLLM's prefill time
+    (first scheduled to first token, so co-scheduled decode steps count: the rate this engine really prefills
+    at). Unchanged for a prefill too short to measure."""
+    if num_computed_tokens < MIN_RATE_TOKENS or not prefill_s > 0:
+        return old_tokens_per_s
+    rate = num_computed_tokens / prefill_s
+    return rate if old_tokens_per_s <= 0 else (1 - RATE_WEIGHT) * old_tokens_per_s + RATE_WEIGHT * rate
 
 
 def _at(data: dict[str, Any], key: str, i: int) -> float:

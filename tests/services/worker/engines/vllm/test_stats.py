@@ -88,3 +88,36 @@ def test_kvtier_loads_reach_the_sink_alone_and_beside_nixl() -> None:
     assert [(s.seq, s.tier, s.num_bytes, s.seconds) for s in sink.tier_loads.recent()] == [
         (1, "host", 1 << 20, 0.002), (2, "disk", 2 << 20, 0.004), (3, "host", 4 << 20, 0.001)]
     assert sink.transfers.num_transfers == 1  # the kvtier loads are not NIXL pulls
+
+
+@pytest.mark.parametrize(
+    ("old", "computed", "prefill_s", "expected"),
+    [
+        (0.0, 1000, 2.0, 500.0),  # the first measurement is the rate
+        (500.0, 1000, 1.0, 600.0),  # then a moving average: 0.8 * 500 + 0.2 * 1000
+        (500.0, 31, 0.001, 500.0),  # too few computed tokens (a pulled prompt's last token): per-step overhead
+        (500.0, 1000, 0.0, 500.0),  # no prefill time recorded
+    ],
+)
+def test_prefill_rate(old: float, computed: int, prefill_s: float, expected: float) -> None:
+    from services.worker.engines.vllm.stats import prefill_rate
+
+    assert prefill_rate(old, computed, prefill_s) == pytest.approx(expected)
+
+
+def test_prefill_rate_comes_from_vllms_finished_request_stats() -> None:
+    # vLLM's own IterationStats, filled as its output processor fills them: a local prefill of 800 tokens with 224
+    # cached counts 576 computed over its prefill time; a pulled prompt (all but its last token external) does not.
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.metrics.stats import IterationStats, RequestStateStats
+
+    stats = IterationStats()
+    local = RequestStateStats(arrival_time=0.0)
+    local.scheduled_ts, local.first_token_ts = 10.0, 11.2
+    pulled = RequestStateStats(arrival_time=0.0)
+    pulled.scheduled_ts, pulled.first_token_ts = 10.0, 10.5
+    stats.update_from_finished_request(FinishReason.LENGTH, "a", 800, 16, local, num_cached_tokens=224)
+    stats.update_from_finished_request(FinishReason.LENGTH, "b", 2000, 16, pulled, num_cached_tokens=1999)
+    sink = EngineStatsSink()
+    sink.record_iteration(stats)
+    assert sink.prefill_tokens_per_s == pytest.approx(576 / 1.2)
