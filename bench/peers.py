@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench.lib.bench import BenchConfig, run_bench
 from bench.lib.load import run_load_sync
 from bench.lib.machine import loadavg
@@ -106,15 +108,31 @@ def run_point(args: argparse.Namespace, running: Running, arm_name: str, index: 
         spy.wait()
     point = doc["points"][0]
     r = point["results"]
+    rows = orjson.loads((Path(cfg.output) / "point-0.json").read_bytes())["requests"] if args.also_slo else []
+    by_slo = {text: goodput(rows, parse_slo(text), r["duration_s"]) for text in args.also_slo}
     num_ok = max(1, r["num_ok"])
     num_tokens = r["output_tokens"] or None
     cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 3) for k in sorted(set(cpu0) | set(cpu1))}
     return {"rate": rate, "wall_s": round(wall, 1), "loadavg_before_after": [load0, loadavg()], "profiled": profiled,
-            "results": r, "server_metrics": point.get("server_metrics"),
+            "results": r, "server_metrics": point.get("server_metrics"), "goodput_by_slo": by_slo,
             "cpu_s": cpu, "cpu_ms_per_request": {k: round(v * 1e3 / num_ok, 2) for k, v in cpu.items()},
             "cpu_ms_per_output_token": ({k: round(v * 1e3 / num_tokens, 3) for k, v in cpu.items()}
                                         if num_tokens else None),
             "bench_output": str(cfg.output)}
+
+
+# The SLO keys' per-request fields in a point file's request rows (bench/lib/bench.py request_rows).
+ROW_FIELDS = {"ttft_ms": "ttft_ms", "itl_ms": "itl_max_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
+
+
+def goodput(rows: list[dict[str, Any]], slo: dict[str, float], duration_s: float) -> float | None:
+    """Requests/s that succeeded within every bound of ``slo``, as bench/lib/metrics.py's goodput counts them
+    (a value the request has none of, e.g. the ITL of a one-token answer, does not fail it)."""
+    if not duration_s:
+        return None
+    met = sum(1 for row in rows if row["ok"] and all(row.get(ROW_FIELDS[k]) is None or row[ROW_FIELDS[k]] <= bound
+                                                     for k, bound in slo.items()))
+    return round(met / duration_s, 4)
 
 
 def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
@@ -186,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--turns", default="4", help="multi-turn")
     ap.add_argument("--think-time-s", default="0", help="multi-turn")
     ap.add_argument("--slo", default=SLO)
+    ap.add_argument("--also-slo", default="", help="more SLOs to count goodput under, ';'-separated "
+                    "(e.g. 'ttft_ms=1000,itl_ms=60')")
     ap.add_argument("--num-blocks", type=int, default=None,
                     help="KV blocks per engine, every arm alike (default: what VLLM_CPU_KVCACHE_SPACE holds)")
     ap.add_argument("--kv-transfer", choices=("pull", "push"), default="push", help="splitserve P/D arms")
@@ -210,6 +230,9 @@ def main() -> None:
     args = build_parser().parse_args(rest)
     args.dtype = args.dtype or ("bfloat16" if cpu_has_fast_bf16() else "float32")
     args.rate_fractions = [float(f) for f in args.rate_fractions.split(",") if f]
+    args.also_slo = [t.strip() for t in args.also_slo.split(";") if t.strip()]
+    for text in args.also_slo:
+        parse_slo(text)  # a typo fails now, not after the first arm
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     order = [a for a in args.order.split(",") if a]
     unknown = [a for a in order if a not in ARMS]
@@ -231,7 +254,7 @@ def main() -> None:
                      "token ids salted per point (no hits across points; within one: what the workload shares)",
                      "temperature": 0,
                      "ignore_eos": True, "endpoint": "/v1/completions, stream, continuous usage"},
-        "num_requests_per_point": args.num_requests, "slo": args.slo, "splitserve_kv_transfer": args.kv_transfer,
+        "num_requests_per_point": args.num_requests, "slo": args.slo, "also_slo": args.also_slo, "splitserve_kv_transfer": args.kv_transfer,
         "transfer_backend": "NIXL UCX (vLLM NixlConnector / NixlPushConnector), kv_buffer_device cpu",
         "concurrency": args.concurrency or None,
         "num_blocks_per_engine": args.num_blocks or "what 1 GiB of KV cache holds (VLLM_CPU_KVCACHE_SPACE=1)",

@@ -14,7 +14,7 @@ FIELDS = {"goodput_rps": ("goodput_requests_per_s",), "rps": ("requests_per_s",)
           "itl_p99_ms": ("itl_ms", "p99"), "tpot_p50_ms": ("tpot_ms", "p50"), "tpot_p90_ms": ("tpot_ms", "p90"),
           "slo_attainment": ("slo_attainment",)}
 # (candidate, baseline) pairs the goals compare.
-PAIRS = (("ss-pd", "vllm-pd"), ("ss-pd-remote", "vllm-pd"), ("ss-pd", "vllm-agg"), ("ss-agg", "vllm-agg"),
+PAIRS = (("ss-pd", "vllm-pd"), ("ss-pd-remote", "vllm-pd"), ("ss-pd-tier", "vllm-pd"), ("ss-pd", "vllm-agg"), ("ss-agg", "vllm-agg"),
          ("vllm-pd", "vllm-pd-shipped"))
 
 
@@ -29,6 +29,8 @@ def point_figures(point: dict[str, Any]) -> dict[str, Any]:
     out = {name: _get(point["results"], path) for name, path in FIELDS.items()}
     cpu = point.get("cpu_ms_per_request") or {}
     out["server_cpu_ms_per_request"] = round(sum(v for k, v in cpu.items()), 1)
+    if point.get("goodput_by_slo"):
+        out["goodput_by_slo"] = point["goodput_by_slo"]
     return out
 
 
@@ -54,7 +56,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     {"indices": [a["index"], b["index"]],
                      **{f"{k}_ratio": _ratio(a[k], b[k]) for k in ("goodput_rps", "tpot_p50_ms", "tpot_p90_ms",
                                                                    "itl_p99_ms", "ttft_p50_ms",
-                                                                   "server_cpu_ms_per_request")}})
+                                                                   "server_cpu_ms_per_request")},
+                     **({"goodput_by_slo_ratio": {slo: _ratio(g, b.get("goodput_by_slo", {}).get(slo))
+                                                  for slo, g in a["goodput_by_slo"].items()}}
+                        if a.get("goodput_by_slo") else {})})
     return {"by_arm": by_arm, "pairs": pairs}
 
 

@@ -99,3 +99,22 @@ def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:
 def test_plot_title_names_each_workloads_lengths(kind, extra, expected) -> None:
     workload = WorkloadSpec(kind=kind, osl="96", **extra).describe()
     assert workload_label(workload) == expected
+
+
+@pytest.mark.parametrize(
+    ("slo", "expected"),
+    [
+        ({"ttft_ms": 3000, "itl_ms": 60}, 0.2),  # rows 0 and 3 (row 3 has no ITL: one token)
+        ({"ttft_ms": 1000, "itl_ms": 60}, 0.1),  # row 0 only
+        ({"ttft_ms": 3000, "itl_ms": 100}, 0.3),  # the slow stream's 80 ms gap passes
+        ({"tpot_ms": 30}, 0.3),  # the failed request never counts
+    ],
+)
+def test_goodput_under_another_slo_counts_rows_as_the_bench_does(slo: dict, expected: float) -> None:
+    from bench.peers import goodput
+
+    rows = [{"ok": True, "ttft_ms": 300.0, "itl_max_ms": 50.0, "tpot_ms": 25.0, "e2e_ms": 2700.0},
+            {"ok": True, "ttft_ms": 2500.0, "itl_max_ms": 80.0, "tpot_ms": 26.0, "e2e_ms": 5000.0},
+            {"ok": False, "ttft_ms": None, "itl_max_ms": None, "tpot_ms": None, "e2e_ms": 100.0},
+            {"ok": True, "ttft_ms": 1200.0, "itl_max_ms": None, "tpot_ms": None, "e2e_ms": 1200.0}]
+    assert goodput(rows, slo, 10.0) == pytest.approx(expected)

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from tests.harness.graph import wait_until
 
@@ -96,3 +97,26 @@ def test_a_supervisor_killing_the_dead_workers_group_does_not_stop_the_cleanup()
     os.killpg(worker.pid, signal.SIGKILL)  # the engine processes go with the group; the reaper is not in it
     assert wait_until(lambda: _gone(engine), timeout_s=10)
     assert wait_until(lambda: not os.path.exists(f"/dev/shm/{SEGMENT}"), timeout_s=10)
+
+
+def test_descendants_lists_the_tree_psutil_lists_children_of_threads_included() -> None:
+    # A process whose grandchild is started from a second thread: the kernel lists it under that thread.
+    from cli.engine_reaper import descendants
+
+    code = ("import subprocess, sys, threading, time; "
+            "kids = []; t = threading.Thread(target=lambda: kids.append(subprocess.Popen([sys.executable, '-c', "
+            "'import subprocess, sys, time; subprocess.Popen([sys.executable, \"-c\", \"import time; "
+            "time.sleep(60)\"]); time.sleep(60)']))); t.start(); t.join(); "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    top = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        proc = psutil.Process(top.pid)
+        assert wait_until(lambda: len(proc.children(recursive=True)) == 3, timeout_s=10)
+        assert descendants(top.pid, psutil) == {p.pid for p in proc.children(recursive=True)}
+    finally:
+        for p in psutil.Process(top.pid).children(recursive=True):
+            p.kill()
+        top.kill()
+        top.wait(10)
+    with pytest.raises(psutil.NoSuchProcess):
+        descendants(top.pid, psutil)

@@ -145,3 +145,18 @@ def _hashes(prompt: list[int]) -> list[int]:
     from common.hashing import block_hashes
 
     return block_hashes(prompt[:-1], BS, 0)
+
+
+async def test_stored_blocks_are_published_at_once_not_at_the_next_poll(kvtier: KvTierService) -> None:
+    # The events loop sleeps until a message is handled (a poll cost the prefill core ~1% idle); a store's events
+    # must still go out right after it, long before the loop's 1 s drain timeout.
+    published: list[tuple] = []
+    kvtier._publish = lambda events: published.append(events)  # type: ignore[method-assign]
+    await asyncio.sleep(0.05)  # the loop is asleep now
+    client = TierClient(TierClientConfig(endpoint=kvtier.endpoint))
+    try:
+        client.offload([7], lambda _h: b"x" * (BS * KV_PER_TOKEN))
+        await _until(lambda: bool(published), timeout_s=0.5)
+    finally:
+        await client.close()
+    assert [e.block_hashes for e in published[0]] == [(7,)]
