@@ -301,11 +301,17 @@ class Policy:
         decode_candidates: Sequence[Candidate],
         prefill_candidates: Sequence[Candidate],
         overlaps: Mapping[str, TierOverlap],
+        held: Mapping[str, TierOverlap] | None = None,
     ) -> RouteChoice:
         """Pick the decode worker, then local vs remote prefill, then (if remote) the prefill worker.
 
         ``hashes`` are the prompt's full-block hashes (the overlaps were looked up with them); the prompt's
-        blocks to compute include a trailing partial block. Raises NoWorkerError without decode candidates.
+        blocks to compute include a trailing partial block. ``held``: the overlaps without blocks still on their
+        way (the router's pending credit), for the local-prefill decision (None: ``overlaps``). Workers are
+        picked on ``overlaps``: a burst of one prefix stays together. But a prefix routed to a decode worker a
+        moment ago reaches it only after its remote prefill and transfer: prefilled locally on that credit, the
+        next request of the prefix computed the whole prompt on the decode engine and stalled its streams 1.6 s.
+        Raises NoWorkerError without decode candidates.
         """
         if not decode_candidates:
             raise NoWorkerError("no decode-capable worker")
@@ -320,8 +326,9 @@ class Policy:
         by_id = {c.worker_id: c for c in (*decode_candidates, *prefill_candidates)}
         # A worker that measured no prefill rate (a decode worker never does) is priced at its peers' rate.
         peer_rate = typical_rate([c.load for c in by_id.values()])
-        cached_on_decode = _cached_tokens(overlaps.get(decode.worker_id), block_size, num_prompt_tokens)
-        decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config, peer_rate)
+        held = overlaps if held is None else held
+        cached_on_decode = _cached_tokens(held.get(decode.worker_id), block_size, num_prompt_tokens)
+        decode_site = _site(by_id[decode.worker_id], held, block_size, config, peer_rate)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
         decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config,

@@ -218,6 +218,19 @@ def test_route_streaming_decode_worker_sends_a_short_suffix_remote() -> None:
                          [cand("p1")], overlaps)) == ("d1", None, 1536, "short_uncached")
 
 
+
+def test_the_local_decision_reads_what_the_decode_worker_holds_not_what_is_on_its_way() -> None:
+    # overlaps credit d1 with a prefix routed to it a moment ago (pending); held says it has none of it yet.
+    prompt = 1600
+    overlaps = {"d1": dev(1536 // BS), "p1": dev(1536 // BS)}
+    choice = Policy(PolicyConfig()).choose_route(HASHES[: prompt // BS], prompt, BS, [cand("d1")], [cand("p1")],
+                                                overlaps, held={"p1": dev(1536 // BS)})
+    assert summary(choice) == ("d1", "p1", 1536, "remote")
+    # Without ``held`` the pending credit counts: the 64-token suffix runs on the (idle) decode worker.
+    assert summary(route(Policy(PolicyConfig()), prompt, [cand("d1")], [cand("p1")], overlaps)) == \
+        ("d1", None, 1536, "short_uncached")
+
+
 HASHES = list(range(1000, 1250))  # 250 full blocks = a 4,000-token prompt
 
 

@@ -12,6 +12,9 @@ import random
 
 from common.hashing import block_hashes
 from common.protocol import (
+    BlockStored,
+    Heartbeat,
+    KvEvents,
     PROTOCOL_VERSION,
     KvSnapshot,
     RegisterAck,
@@ -94,3 +97,46 @@ def test_pending_run_covers_the_prompt_and_is_forgotten_on_reregistration() -> N
     svc.handle(worker.encode(), RegisterWorker(request_id="again", info=svc.registry.get(worker).info,
                                                          protocol_version=PROTOCOL_VERSION))
     assert worker not in svc._overlaps(hashes)  # re-registration forgets pending blocks too
+
+
+def _pd_router() -> RouterService:
+    svc = RouterService(RouterConfig(pending_ttl_s=3.0))
+    svc.events_endpoint = "tcp://127.0.0.1:9"
+    for i, role in enumerate(("prefill", "decode")):
+        info = WorkerInfo(worker_id=role, role=role, model="m", block_size=BS, num_blocks=296,
+                          endpoint=f"tcp://127.0.0.1:1{i}", kv_events=True)
+        assert isinstance(svc.handle(role.encode(), RegisterWorker(request_id=f"r{i}", info=info,
+                                                                  protocol_version=PROTOCOL_VERSION)), RegisterAck)
+        assert svc.handle(role.encode(), KvSnapshot(request_id=f"s{i}", worker_id=role, event_id=-1,
+                                                    tier_blocks=())) is None
+    return svc
+
+
+def _route_pd(svc: RouterService, tokens: list[int]) -> tuple[str, str | None]:
+    reply = svc.handle(b"frontend", RouteRequest(request_id="q", model="m", token_ids=tuple(tokens)))
+    assert isinstance(reply, Route)
+    return reply.decode.worker_id, reply.prefill.worker_id if reply.prefill else None
+
+
+def test_a_prefix_still_on_its_way_to_the_decode_worker_is_not_prefilled_there() -> None:
+    # Two requests of one 1,024-token prefix, 0.9 s apart: the first is prefilled remotely; its KV reaches the
+    # decode worker seconds later. The second must not be prefilled on the decode worker on the pending credit
+    # (it would compute all 1,088 tokens there, stalling every stream: peers run of 2026-12-06).
+    rng = random.Random(2)
+    prefix = [rng.randrange(10, 8000) for _ in range(1024)]
+    first, second = (prefix + [rng.randrange(10, 8000) for _ in range(64)] for _ in range(2))
+    svc = _pd_router()
+    idle = Heartbeat(worker_id="decode", load=WorkerLoad(num_free_blocks=296, num_total_blocks=296), seq=1)
+    assert _route_pd(svc, first) == ("decode", "prefill")
+    svc.handle(b"decode", idle)  # the decode worker reports in while the first prompt is still being prefilled
+    assert _route_pd(svc, second) == ("decode", "prefill")
+    # Once the decode worker's events say it holds the prefix, a short suffix runs there (it has no streams).
+    hashes = block_hashes(prefix, BS, svc.registry.get("decode").info.hash_seed)
+    svc._identities.setdefault("decode", b"decode")
+    svc._apply_events(KvEvents(worker_id="decode", event_id=0, events=(
+        BlockStored(block_hashes=tuple(hashes), parent_hash=None, tier="device"),)))
+    assert svc._overlaps(hashes, pending=False)["decode"].device == len(hashes)
+    # ...and its load report says both earlier requests have finished: no stream to stall.
+    svc.handle(b"decode", Heartbeat(worker_id="decode", load=idle.load, seq=2))
+    third = prefix + [rng.randrange(10, 8000) for _ in range(64)]
+    assert _route_pd(svc, third) == ("decode", None)
