@@ -326,13 +326,18 @@ class Policy:
         by_id = {c.worker_id: c for c in (*decode_candidates, *prefill_candidates)}
         # A worker that measured no prefill rate (a decode worker never does) is priced at its peers' rate.
         peer_rate = typical_rate([c.load for c in by_id.values()])
-        held = overlaps if held is None else held
-        cached_on_decode = _cached_tokens(held.get(decode.worker_id), block_size, num_prompt_tokens)
-        decode_site = _site(by_id[decode.worker_id], held, block_size, config, peer_rate)
+        cached_on_decode = _cached_tokens(overlaps.get(decode.worker_id), block_size, num_prompt_tokens)
+        decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config, peer_rate)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
-        decision = decide_prefill(num_prompt_tokens, cached_on_decode, pool, config,
-                                  predicted_stall_s(num_prompt_tokens, decode_site, config.cost))
+        # Whether to prefill there is decided on what it holds now; what is reported (and counted as its queued
+        # work) keeps the pending credit, as for every other worker.
+        held = overlaps if held is None else held
+        held_site = decode_site if held is overlaps else _site(by_id[decode.worker_id], held, block_size, config,
+                                                                peer_rate)
+        decision = decide_prefill(num_prompt_tokens,
+                                  _cached_tokens(held.get(decode.worker_id), block_size, num_prompt_tokens), pool,
+                                  config, predicted_stall_s(num_prompt_tokens, held_site, config.cost))
         if not decision.remote:
             local_s = local_prefill_s(num_prompt_tokens, decode_site, config.cost) if kv else 0.0
             return RouteChoice(decode.worker_id, None, cached_on_decode, decision.reason, decode, predicted_s=local_s)
@@ -344,7 +349,7 @@ class Policy:
             cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
             return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
         sites = [_site(c, overlaps, block_size, config, peer_rate) for c in open_pool]
-        priced = choose_prefill(num_prompt_tokens, decode_site, sites, self.topology, config.cost)
+        priced = choose_prefill(num_prompt_tokens, held_site, sites, self.topology, config.cost)
         if priced.worker_id is None:
             return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
                                predicted_s=priced.predicted_s)

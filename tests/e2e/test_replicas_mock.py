@@ -140,9 +140,12 @@ def test_restarted_router_rebuilds_its_index_reuse_holds(kv3: Graph) -> None:
     assert before > 0.8
     os.kill(child_pid(kv3, "cli.main router"), signal.SIGKILL)
     assert wait_until(lambda: _listed(kv3, worker_stats) == 3, timeout_s=20)
-    after = _reuse(kv3, prefixes, 36, salt=2)
+    # Until a worker's snapshot is in, the router credits it nothing (fail closed): measured from then on.
+    assert wait_until(lambda: kv3.logs().count("kv_snapshot_loaded") >= 6, timeout_s=20)  # 3 workers, twice each
+    # 72 requests: one request routed away under load is 1.4% of them, not 2.8% (two such in 36 failed it ~1 run in 7,
+    # before and after the restart path changed: a routing choice under load, not the index rebuild).
+    after = _reuse(kv3, prefixes, 72, salt=2)
     assert after >= before - 0.05, (before, after)
-    assert kv3.logs().count("kv_snapshot_loaded") >= 6  # 3 workers, each at start and after the restart
 
 
 def _listed(graph: Graph, worker_stats) -> int:
