@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from common import protocol
 from common.errors import ProtocolError, RemoteError, TransportTimeout
+from common.loop_socket import LoopSocket
 from common.protocol import ErrorReply, Message
 from common.security import CurveKeys, SecureContext, secure_client, secure_server
 
@@ -98,8 +99,8 @@ def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
 def _drain(recv: Callable[..., Any], sink: Callable[[Any], None], copy: bool = True) -> None:
     """Hand up to _DRAIN_MAX already-queued messages to ``sink``; never blocks.
 
-    ``recv`` belongs to a shadow of an asyncio socket whose own recv has just completed (so no recv future
-    is pending on it). Its next awaited recv checks ZMQ_EVENTS first, so nothing read here hides a wake-up.
+    ``recv`` is a LoopSocket's plain socket, whose awaited receive has just returned. Its next awaited receive
+    tries the socket before it waits, so nothing read here hides a wake-up.
     """
     for _ in range(_DRAIN_MAX):
         try:
@@ -115,11 +116,6 @@ def peer_key(frame: zmq.Frame) -> str:
         return frame.get("User-Id")
     except zmq.ZMQError:  # no ZAP handler on this socket: the property is absent
         return ""
-
-
-def _log_send_failure(fut: asyncio.Future) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.warning("send_failed", error=str(fut.exception()))
 
 
 class Server:
@@ -143,9 +139,9 @@ class Server:
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(endpoint)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        # The same socket without the asyncio layer: drains what is already queued at a fraction of the cost
-        # of one awaited recv per message (a future, a done-callback and an EVENTS check each).
-        self._sync = zmq.Socket.shadow(self._sock.underlying)
+        # Every operation goes through the loop-driven socket (common/loop_socket.py), never pyzmq's asyncio
+        # layer, which checks ZMQ_EVENTS around each send and receive.
+        self._loop_sock = LoopSocket(self._sock)
         self._pending: deque[list[bytes]] = deque()
 
     async def recv(self) -> tuple[bytes, Message]:
@@ -160,8 +156,8 @@ class Server:
             if self._pending:
                 frames = self._pending.popleft()
             else:
-                frames = await self._sock.recv_multipart(copy=copy)
-                _drain(self._sync.recv_multipart, self._pending.append, copy=copy)
+                frames = await self._loop_sock.recv_multipart(copy=copy)
+                _drain(self._loop_sock.sock.recv_multipart, self._pending.append, copy=copy)
             if len(frames) != 2:
                 log.warning("dropped_frame", reason="expected identity + payload", num_frames=len(frames))
                 continue
@@ -177,23 +173,14 @@ class Server:
                 log.warning("dropped_frame", reason=str(exc))
 
     async def send(self, identity: bytes, msg: Message) -> None:
-        await self._sock.send_multipart((identity, encode_capped(msg, self._max_bytes)), copy=True)
+        """Send, waiting while the peer's queue is full (a mandatory server's zmq.Again)."""
+        await self._loop_sock.send_multipart((identity, encode_capped(msg, self._max_bytes)))
 
     def send_nowait(self, identity: bytes, msg: Message) -> None:
         """Send without awaiting; ROUTER never blocks (drops on a full queue), so this is safe on hot paths.
-
-        Through the asyncio socket, never the plain shadow: a send can consume the edge-triggered ZeroMQ fd's
-        readable edge, and only the asyncio layer then re-checks for messages a pending recv waits on (a send
-        on the shadow once left a worker deaf to new requests). Its non-blocking send resolves at once, so an
-        error (a mandatory server's EHOSTUNREACH or zmq.Again) is raised here, not left in a future."""
-        fut = self._sock.send_multipart((identity, encode_capped(msg, self._max_bytes)), flags=zmq.NOBLOCK,
-                                        copy=True)
-        if not fut.done():  # queued behind an awaited send: report failures, nobody awaits this one
-            fut.add_done_callback(_log_send_failure)
-            return
-        exc = fut.exception()
-        if exc is not None:
-            raise exc
+        An error (a mandatory server's EHOSTUNREACH or zmq.Again) is raised here. A send can consume the
+        edge-triggered ZeroMQ fd's readable edge: the loop socket then re-checks for the pending receive."""
+        self._loop_sock.send_multipart_nowait((identity, encode_capped(msg, self._max_bytes)))
 
     def deliver_nowait(self, identity: bytes, msg: Message) -> bool:
         """``send_nowait`` that answers False when the peer is gone (a ``mandatory`` server only; else always
@@ -207,6 +194,7 @@ class Server:
         return True
 
     def close(self) -> None:
+        self._loop_sock.close()
         self._sock.close(linger=0)
 
 
@@ -253,6 +241,7 @@ class Client:
         _configure(self._sock, config)
         secure_client(self._sock, config.curve)
         self._sock.connect(endpoint)
+        self._loop_sock = LoopSocket(self._sock)  # see Server
         self._waiters: dict[str, asyncio.Future[Message]] = {}
         self._streams: dict[str, asyncio.Queue[Message]] = {}
         self._on_unsolicited = on_unsolicited
@@ -265,11 +254,11 @@ class Client:
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
-        sync = zmq.Socket.shadow(self._sock.underlying)  # see Server: cheap draining of queued messages
+        sock = self._loop_sock
         try:
             while True:
-                self._on_frame(await self._sock.recv(copy=True))
-                _drain(sync.recv, self._on_frame)
+                self._on_frame(await sock.recv())
+                _drain(sock.sock.recv, self._on_frame)
         except (asyncio.CancelledError, zmq.ContextTerminated):
             pass
         except Exception as exc:  # forward to everyone waiting, so nobody hangs on a dead reader
@@ -315,17 +304,11 @@ class Client:
         (``num_send_failures``) and, when ``msg`` belongs to an open stream, that stream gets ``worker_lost`` at
         once (its request fails over now, not at its idle timeout); else an immediate failure (zmq.Again: the
         queue to the peer is full, or there is no peer) is raised."""
-        fut = self._sock.send(encode_capped(msg, self._max_bytes), copy=True, flags=zmq.NOBLOCK)
-        if not fut.done():  # queued behind an awaited send: its outcome comes later
-            fut.add_done_callback(lambda done: self._send_done(msg, done))
-            return
-        exc = fut.exception()
-        if exc is not None and not self._send_failed(msg, exc):
-            raise exc
-
-    def _send_done(self, msg: Message, fut: asyncio.Future) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._send_failed(msg, fut.exception())  # type: ignore[arg-type]
+        try:
+            self._loop_sock.send_nowait(encode_capped(msg, self._max_bytes))
+        except zmq.ZMQError as exc:
+            if not self._send_failed(msg, exc):
+                raise
 
     def _send_failed(self, msg: Message, exc: BaseException) -> bool:
         """Log and count a failed send; fail its stream if one is open (True then)."""
@@ -341,7 +324,7 @@ class Client:
         return True
 
     async def send(self, msg: Message) -> None:
-        await self._sock.send(encode_capped(msg, self._max_bytes), copy=True)
+        await self._loop_sock.send(encode_capped(msg, self._max_bytes))
 
     async def request(self, msg: Message, timeout_s: float) -> Message:
         """Send ``msg`` (which has a request_id) and await its one reply."""
@@ -351,15 +334,12 @@ class Client:
         self._waiters[request_id] = fut
         try:
             data = encode_capped(msg, self._max_bytes)
-            sent = self._sock.send(data, copy=True, flags=zmq.NOBLOCK)
-            if sent.done() and isinstance(sent.exception(), zmq.Again):
+            try:
+                self._loop_sock.send_nowait(data)
+            except zmq.Again:
                 # No peer to hand it to (a server that refused our CURVE handshake, a full queue to a stalled
                 # one): a DEALER's send would wait forever, so it waits under the deadline too.
-                await asyncio.wait_for(self._sock.send(data, copy=True), timeout_s)
-            elif sent.done() and sent.exception() is not None:
-                raise sent.exception()  # type: ignore[misc]
-            elif not sent.done():
-                sent.add_done_callback(_log_send_failure)
+                await asyncio.wait_for(self._loop_sock.send(data), timeout_s)
             return await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError as exc:
             raise TransportTimeout(f"no reply from {self.endpoint} within {timeout_s}s") from exc
@@ -391,5 +371,6 @@ class Client:
                 await self._reader
             except (asyncio.CancelledError, Exception):
                 pass
+        self._loop_sock.close()
         self._sock.close(linger=0)
 
