@@ -137,6 +137,15 @@ def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig, wi
     return compute_s * (config.local_prefill_factor + config.decode_interference_per_stream * decode.load.num_running)
 
 
+def predicted_stall_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
+    """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams;
+    routed-since-report requests count, as ``effective_load`` adds them as waiting)."""
+    if decode.load.num_running + decode.load.num_waiting == 0:
+        return 0.0
+    uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
+    return uncached / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
+
+
 class RemoteCost(NamedTuple):
     queue_s: float  # the prefill worker's queued prompt tokens at its rate
     compute_s: float  # this prompt's uncached tokens there

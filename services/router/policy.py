@@ -15,8 +15,8 @@ from typing import Literal
 from common.errors import NoWorkerError
 from common.protocol import WorkerLoad
 from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
-from services.router.cost import (CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, prefill_rate,
-                                  queued_tokens, typical_rate)
+from services.router.cost import (CostConfig, Site, choose_pair, choose_prefill, local_prefill_s, predicted_stall_s,
+                                  prefill_rate, queued_tokens, typical_rate)
 from services.router.index import TierOverlap
 from services.router.tier_credit import TierConfig, tier_credit
 from services.router.topology import Place, Relation, Topology
@@ -306,12 +306,11 @@ class Policy:
         """Pick the decode worker, then local vs remote prefill, then (if remote) the prefill worker.
 
         ``hashes`` are the prompt's full-block hashes (the overlaps were looked up with them); the prompt's
-        blocks to compute include a trailing partial block. ``held``: the overlaps without blocks still on their
-        way (the router's pending credit), for the local-prefill decision (None: ``overlaps``). Workers are
-        picked on ``overlaps``: a burst of one prefix stays together. But a prefix routed to a decode worker a
-        moment ago reaches it only after its remote prefill and transfer: prefilled locally on that credit, the
-        next request of the prefix computed the whole prompt on the decode engine and stalled its streams 1.6 s.
-        Raises NoWorkerError without decode candidates.
+        blocks to compute include a trailing partial block. ``held``: the overlaps without the router's pending
+        credit (None: ``overlaps``) decide local vs remote: a prefix routed to a decode worker a moment ago gets
+        there only after its remote prefill (prefilled locally on that credit, the next request of the prefix
+        computed its whole prompt on the decode engine, a 1.6 s stall). Raises NoWorkerError without decode
+        candidates.
         """
         if not decode_candidates:
             raise NoWorkerError("no decode-capable worker")
@@ -330,8 +329,7 @@ class Policy:
         decode_site = _site(by_id[decode.worker_id], overlaps, block_size, config, peer_rate)
         # A "both" worker can be in both pools: prefilling on the decode worker is the local case.
         pool = [c for c in prefill_candidates if c.worker_id != decode.worker_id]
-        # Whether to prefill there is decided on what it holds now; what is reported (and counted as its queued
-        # work) keeps the pending credit, as for every other worker.
+        # Local or not: on what it holds now. Reported (and counted as queued work): with the pending credit.
         held = overlaps if held is None else held
         held_site = decode_site if held is overlaps else _site(by_id[decode.worker_id], held, block_size, config,
                                                                 peer_rate)
@@ -383,15 +381,6 @@ class Policy:
         _, credit, _ = next(s for s in ties if s[2].worker_id == pair.decode_worker_id)
         return Choice(pair.decode_worker_id, decode.cost, credit, decode.reason, decode.best_overlap_blocks,
                       decode.all_busy)
-
-
-def predicted_stall_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
-    """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams;
-    routed-since-report requests count, as ``effective_load`` adds them as waiting)."""
-    if decode.load.num_running + decode.load.num_waiting == 0:
-        return 0.0
-    uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
-    return uncached / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
 
 
 def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size: int, config: PolicyConfig,

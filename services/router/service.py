@@ -256,11 +256,9 @@ class RouterService:
         block_size, seed = entry.info.block_size, adapter_seed(entry.info.hash_seed, req.lora_name)
         hashes = block_hashes(req.token_ids, block_size, seed)
         overlaps = self._overlaps(hashes)
-        held = self._overlaps(hashes, pending=False) if self.pending is not None and self.pending.num_blocks \
-            else overlaps
+        held = self._overlaps(hashes, pending=False) if self.pending and self.pending.num_blocks else overlaps
         try:
-            choice = self.policy.choose_route(hashes, len(req.token_ids), block_size, decode, prefill, overlaps,
-                                              held)
+            choice = self.policy.choose_route(hashes, len(req.token_ids), block_size, decode, prefill, overlaps, held)
         except NoWorkerError as exc:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
         num_uncached = max(len(req.token_ids) - choice.num_cached_tokens_predicted, 0)
@@ -303,9 +301,7 @@ class RouterService:
         return WorkerRef(worker_id=worker_id, endpoint=entry.info.endpoint, instance_id=entry.info.instance_id)
 
     def _overlaps(self, hashes: list[int], pending: bool = True) -> dict[str, TierOverlap]:
-        """Each worker's reusable run of ``hashes``; ``pending=False``: without the blocks routed to it in the last
-        ``pending_ttl_s`` that its KV events have not confirmed (what it holds now)."""
-        # With a shared tier, name every worker: one holding no blocks of its own still reuses the tier's.
+        # pending=False: what each worker holds now. With a shared tier, name every worker (the tier's blocks count).
         worker_ids = [e.info.worker_id for e in self.registry.workers()] if self.tiers else None
         return merged_overlaps(self.index, self.approx, self.pending if pending else None, hashes, worker_ids)
 

@@ -196,7 +196,7 @@ def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expecte
 )
 def test_predicted_stall_s(running: int, waiting: int, rate: float, uncached: int, expected_s: float) -> None:
     from services.router.cost import Site
-    from services.router.policy import predicted_stall_s
+    from services.router.cost import predicted_stall_s
 
     load = WorkerLoad(num_running=running, num_waiting=waiting, prefill_tokens_per_s=rate)
     site = Site("d1", load, num_cached_tokens=1536)
