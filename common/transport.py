@@ -96,20 +96,6 @@ def _configure(sock: zmq.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.RCVHWM, config.hwm)
 
 
-def _drain(recv: Callable[..., Any], sink: Callable[[Any], None], copy: bool = True) -> None:
-    """Hand up to _DRAIN_MAX already-queued messages to ``sink``; never blocks.
-
-    ``recv`` is a LoopSocket's plain socket, whose awaited receive has just returned. Its next awaited receive
-    tries the socket before it waits, so nothing read here hides a wake-up.
-    """
-    for _ in range(_DRAIN_MAX):
-        try:
-            data = recv(zmq.NOBLOCK, copy=copy)
-        except zmq.Again:
-            return
-        sink(data)
-
-
 def peer_key(frame: zmq.Frame) -> str:
     """The CURVE public key (z85) the ZAP handler proved for the connection ``frame`` came on; "" without one."""
     try:
@@ -157,7 +143,7 @@ class Server:
                 frames = self._pending.popleft()
             else:
                 frames = await self._loop_sock.recv_multipart(copy=copy)
-                _drain(self._loop_sock.sock.recv_multipart, self._pending.append, copy=copy)
+                self._loop_sock.drain(self._pending.append, _DRAIN_MAX, multipart=True, copy=copy)
             if len(frames) != 2:
                 log.warning("dropped_frame", reason="expected identity + payload", num_frames=len(frames))
                 continue
@@ -258,7 +244,7 @@ class Client:
         try:
             while True:
                 self._on_frame(await sock.recv())
-                _drain(sock.sock.recv, self._on_frame)
+                sock.drain(self._on_frame, _DRAIN_MAX)
         except (asyncio.CancelledError, zmq.ContextTerminated):
             pass
         except Exception as exc:  # forward to everyone waiting, so nobody hangs on a dead reader
