@@ -260,9 +260,11 @@ def worker(
             # core: OpenMP binding alone leaves their busy-wait and NIXL threads free to land on a neighbour's.
             os.sched_setaffinity(0, {core})
         reexec_with_engine_env(engine_process_env(config, core) if core is not None else engine_env)
-        from cli.engine_reaper import start_engine_reaper
+        from cli.engine_reaper import private_socket_dir, start_engine_reaper
 
-        start_engine_reaper()  # before vLLM starts its engine processes: they die with us, even by SIGKILL
+        socket_dir = private_socket_dir(wid)
+        # Before vLLM starts its engine processes: they die with us, even by SIGKILL, and their sockets go.
+        start_engine_reaper(remove_dirs=(socket_dir,) if socket_dir else ())
         from cli.shm_tracker import start_shm_tracker, sweep_stale_records
 
         sweep_stale_records()  # what a killed worker's tracker held on this host

@@ -9,7 +9,7 @@ fails with "Address already in use" and the host serves nothing until someone ki
 descendants every ``poll_s`` and waits on a pipe only the worker holds; when the worker is gone (EOF), it
 SIGKILLs every noted process still alive (the same process: pid and start time), removes the shared-memory
 segments the tree had mapped (vLLM's message queues, multiprocessing's semaphores) that no live process maps any
-more, and exits. It ignores SIGINT
+more, removes the directories it was given (``private_socket_dir``: vLLM's IPC socket files), and exits. It ignores SIGINT
 and SIGTERM (a graceful stop is the worker's to do), and the pipe is not inherited by the engine's processes, so
 only the worker's own death closes it.
 """
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
+import tempfile
 import time
 
 from cli.shm_tracker import MARK as SHM_TRACKER_MARK
@@ -27,8 +29,22 @@ POLL_S = 1.0
 MAPS_MAX_INTERVAL_S = 30.0
 
 
-def start_engine_reaper(poll_s: float = POLL_S) -> int:
-    """Fork the watcher of this process's descendants; its pid. Call before the engine starts threads."""
+def private_socket_dir(worker_id: str) -> str | None:
+    """A directory of this worker's own for vLLM's IPC socket files, set as VLLM_RPC_BASE_PATH; None where the
+    environment names one. vLLM makes five ``ipc://$TMPDIR/<uuid>`` sockets an engine (three in the worker, two
+    in its engine core) and removes none of them: 1,500 socket files in /tmp after one test suite. The reaper
+    removes the directory once the tree is gone, however it went."""
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)[:32]
+    path = tempfile.mkdtemp(prefix=f"splitserve-vllm-{safe}-")
+    os.environ["VLLM_RPC_BASE_PATH"] = path  # read by vLLM in this process and in the engine processes it spawns
+    return path
+
+
+def start_engine_reaper(poll_s: float = POLL_S, remove_dirs: tuple[str, ...] = ()) -> int:
+    """Fork the watcher of this process's descendants; its pid. Call before the engine starts threads.
+    ``remove_dirs``: removed, with what is in them, after the tree is gone."""
     import psutil  # imported here, not in the forked child: a child of a threaded parent should import nothing
 
     try:
@@ -45,6 +61,8 @@ def start_engine_reaper(poll_s: float = POLL_S) -> int:
             setproctitle(f"splitserve-engine-reaper (worker {watched})")
         try:
             _watch(psutil, watched, read_fd, poll_s)
+            for path in remove_dirs:
+                shutil.rmtree(path, ignore_errors=True)
         finally:
             os._exit(0)
     os.close(read_fd)

@@ -19,39 +19,49 @@ SEGMENT = f"splitserve-reaper-test-{os.getpid()}"
 # segment as vLLM's message queues do, prints their pids, waits.
 WORKER = textwrap.dedent(f"""
     import subprocess, sys, time
-    from cli.engine_reaper import start_engine_reaper
-    reaper = start_engine_reaper(poll_s=0.1)
+    from cli.engine_reaper import private_socket_dir, start_engine_reaper
+    sockets = private_socket_dir("decode/1")
+    reaper = start_engine_reaper(poll_s=0.1, remove_dirs=(sockets,))
     core = subprocess.Popen([sys.executable, "-c",
-                             "import subprocess, sys, time, mmap, os; subprocess.Popen([sys.executable, '-c', "
+                             "import subprocess, sys, time, mmap, os, socket; subprocess.Popen([sys.executable, '-c', "
                              "'import time; time.sleep(600)']); "
                              "fd = os.open('/dev/shm/{SEGMENT}', os.O_CREAT | os.O_RDWR, 0o600); "
-                             "os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); time.sleep(600)"])
+                             "os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); "
+                             "s = socket.socket(socket.AF_UNIX); s.bind(os.environ['VLLM_RPC_BASE_PATH'] + '/ipc'); "
+                             "time.sleep(600)"])
     time.sleep(0.5)  # the reaper notes both
-    print(reaper, core.pid, flush=True)
+    print(reaper, core.pid, sockets, flush=True)
     time.sleep(600)
 """)
 
 
 def _start_worker(new_session: bool = False) -> tuple[subprocess.Popen[str], int, list[psutil.Process]]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()}, start_new_session=new_session)
-    reaper_pid, core_pid = (int(x) for x in worker.stdout.readline().split())
-    core = psutil.Process(core_pid)
+                              env={**env, "PYTHONPATH": os.getcwd()}, start_new_session=new_session)
+    reaper_pid, core_pid, sockets = worker.stdout.readline().split()
+    core = psutil.Process(int(core_pid))
     assert wait_until(lambda: len(core.children()) == 1, timeout_s=10)
-    return worker, reaper_pid, [core, *core.children()]
+    assert os.path.exists(sockets + "/ipc") and "decode_1" in sockets
+    _socket_dirs[worker.pid] = sockets
+    return worker, int(reaper_pid), [core, *core.children()]
+
+
+_socket_dirs: dict[int, str] = {}  # worker pid -> its private_socket_dir
 
 
 def _gone(procs: list[psutil.Process]) -> bool:
     return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
 
 
-def test_sigkilled_worker_takes_its_engine_processes_and_their_shared_memory_with_it() -> None:
+def test_sigkilled_worker_takes_its_engine_processes_their_shared_memory_and_socket_files_with_it() -> None:
     worker, reaper_pid, engine = _start_worker()
     assert os.path.exists(f"/dev/shm/{SEGMENT}")
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
     assert wait_until(lambda: _gone(engine), timeout_s=10), [p.pid for p in engine if p.is_running()]
     assert wait_until(lambda: not os.path.exists(f"/dev/shm/{SEGMENT}"), timeout_s=10)
+    assert wait_until(lambda: not os.path.exists(_socket_dirs[worker.pid]), timeout_s=10)  # vLLM's socket files
     assert wait_until(lambda: not psutil.pid_exists(reaper_pid) or
                       psutil.Process(reaper_pid).status() == psutil.STATUS_ZOMBIE, timeout_s=10)
 

@@ -1,5 +1,8 @@
-"""No /dev/shm leftovers from vLLM workers, however they stop: a real `up` graph (1 prefill + 1 decode vLLM
-worker, kvtier), /dev/shm listed before it starts and after each stop.
+"""No /dev/shm leftovers and no socket files from vLLM workers, however they stop: a real `up` graph (1 prefill
++ 1 decode vLLM worker, kvtier), /dev/shm and the temporary directory listed before it starts and after each stop.
+
+vLLM's IPC socket files (``ipc://$TMPDIR/<uuid>``, five an engine) were never removed: 1,500 in /tmp after one
+test suite. Each worker now gives vLLM a directory of its own that its engine reaper removes.
 
 Leaked: a file in /dev/shm after that was not there before and that no live process maps (told by inode: a
 semaphore's creator maps it under a deleted temporary name, cli/engine_reaper.py). Before cli/shm_tracker.py,
@@ -13,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import stat
+import tempfile
 
 import httpx
 import pytest
@@ -46,6 +51,20 @@ def leaked(before: dict[str, int]) -> list[str]:
     return sorted(p for p, ino in _listing().items() if before.get(p) != ino and ino not in mapped)
 
 
+def _sockets() -> set[str]:
+    """Socket files and worker socket directories in the temporary directory now."""
+    tmp = tempfile.gettempdir()
+    out = set()
+    for name in os.listdir(tmp):
+        try:
+            mode = os.lstat(os.path.join(tmp, name)).st_mode
+        except OSError:
+            continue
+        if stat.S_ISSOCK(mode) or (stat.S_ISDIR(mode) and name.startswith("splitserve-vllm-")):
+            out.add(name)
+    return out
+
+
 def _restarted(graph, old: int) -> bool:
     if graph.pids().get("worker-prefill-0") in (None, old):
         return False
@@ -64,6 +83,7 @@ def _complete(graph, prompt: str) -> str:
 
 def test_no_shm_left_after_worker_kill_9_sigterm_and_up_stop(tmp_path) -> None:
     before = _listing()
+    sockets_before = _sockets()
     graph = start_graph(tmp_path, "--engine", "vllm", "--dtype", "float32")
     try:
         _complete(graph, "a prompt long enough " * 20)  # every engine process has made what it makes
@@ -75,6 +95,9 @@ def test_no_shm_left_after_worker_kill_9_sigterm_and_up_stop(tmp_path) -> None:
         assert wait_until(lambda: _restarted(graph, old), timeout_s=300, interval_s=1.0), graph.logs()[-4000:]
         _complete(graph, "after the restart " * 20)
         assert wait_until(lambda: not leaked(before), timeout_s=30, interval_s=0.5), leaked(before)
+        # The two live workers' socket directories, none of the killed one's.
+        assert wait_until(lambda: len(_sockets() - sockets_before) == 2, timeout_s=30, interval_s=0.5), \
+            _sockets() - sockets_before
 
         # SIGTERM of a worker (an operator's drain): it finishes, exits 0, `up` lets it go.
         decode = graph.pids()["worker-decode-1"]
@@ -85,5 +108,7 @@ def test_no_shm_left_after_worker_kill_9_sigterm_and_up_stop(tmp_path) -> None:
         graph.stop()
     # `up` stopped (SIGTERM to the launcher): nothing of the graph is left, and no tracker record.
     assert wait_until(lambda: not leaked(before), timeout_s=30, interval_s=0.5), leaked(before)
+    assert wait_until(lambda: not _sockets() - sockets_before, timeout_s=30, interval_s=0.5), \
+        _sockets() - sockets_before
     mine = [r for r in run_dir().glob("*.names") if not os.path.exists(f"/proc/{r.stem}")]
     assert not mine, mine

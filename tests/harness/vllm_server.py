@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ class VllmServer:
     proc: subprocess.Popen[bytes]
     url: str
     log_path: Path
+    socket_dir: str  # its VLLM_RPC_BASE_PATH: vLLM leaves its IPC socket files behind; stop() removes them
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -60,12 +63,15 @@ class VllmServer:
             try:
                 os.killpg(self.proc.pid, 0)
             except ProcessLookupError:
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
                 return
             time.sleep(0.1)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        finally:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, served_name: str,
@@ -73,8 +79,9 @@ def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, ser
     """Starts it and returns at once (``wait_ready`` waits): another server can start meanwhile. ``env`` adds to
     (and wins over) the environment above, e.g. a NIXL side-channel port per engine for P/D."""
     port = free_port()
+    socket_dir = tempfile.mkdtemp(prefix="splitserve-vllm-server-")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": str(core), **(env or {})}
+           "VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_RPC_BASE_PATH": socket_dir, **(env or {})}
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin and (libgomp := Path(spec.origin).parent / "lib" / "libgomp.so.1").exists():
         env["LD_PRELOAD"] = str(libgomp)
@@ -84,4 +91,4 @@ def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, ser
     log_path = Path(log_dir) / f"vllm-server-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return VllmServer(proc, f"http://127.0.0.1:{port}", log_path)
+    return VllmServer(proc, f"http://127.0.0.1:{port}", log_path, socket_dir)
