@@ -69,7 +69,9 @@ class PipelineConfig:
     # When the client gets a remotely prefilled request's first token. "decode": with the decode worker's first
     # output, as vLLM's and SGLang's own P/D routers do: the stream carries no hand-off gap (KV transfer, the
     # decode engine admitting the request: ~85-225 ms between the first two tokens on 2 CPU cores, bench/peers.py),
-    # TTFT includes it. "prefill": as soon as the prefill worker has it (lower TTFT, that gap inside the stream).
+    # TTFT includes it. A vLLM decode worker's first output is its engine's first step (the forced first token's,
+    # sent empty), so the hand-off costs the client one step, as under vLLM's P/D; the mock's is the next token.
+    # "prefill": as soon as the prefill worker has it (lower TTFT, that gap inside the stream).
     first_token: Literal["decode", "prefill"] = "decode"
     transport: TransportConfig = TransportConfig()
 
@@ -263,7 +265,8 @@ class Pipeline:
                     # A lost decode worker before this point leaves it unsent: the migration prefills again.
                     yield held
                     held = None
-                yield out
+                if out.token_ids or out.finish_reason is not None:
+                    yield out  # (an empty one only marks the decode engine's first step: the hand-off done)
         except RemoteError:
             raise  # the decode worker refused or dropped it: it reads nothing
         except BaseException:

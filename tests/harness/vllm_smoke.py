@@ -40,11 +40,14 @@ async def _generate(engine: VllmEngine, cmd: dict[str, Any]) -> dict[str, Any]:
         handoff=msgspec.convert(handoff, Handoff) if handoff else None,
     )
     token_ids: list[int] = []
+    slices: list[int] = []  # tokens per output, in order
     async for out in engine.generate(request):
         token_ids.extend(out.token_ids)
+        slices.append(len(out.token_ids))
         if out.finish_reason is not None:
             return {
                 "token_ids": token_ids,
+                "slices": slices,
                 "finish_reason": out.finish_reason,
                 "num_cached_tokens": out.num_cached_tokens,
                 "kv_transfer": msgspec.to_builtins(out.kv_transfer) if out.kv_transfer else None,

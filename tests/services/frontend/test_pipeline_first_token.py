@@ -19,7 +19,7 @@ from services.frontend.pipeline import Pipeline, PipelineConfig, _Prefilled
 ROUTE = Route(request_id="r", decode=WorkerRef("d0", "tcp://127.0.0.1:1"), prefill=WorkerRef("p0", "tcp://127.0.0.1:2"))
 
 
-def _pipeline(first_token: str, events: list, decode_fails: bool = False) -> Pipeline:
+def _pipeline(first_token: str, events: list, decode_fails: bool = False, forced_step: bool = False) -> Pipeline:
     pipeline = Pipeline.__new__(Pipeline)  # no sockets: both worker calls are replaced below
     pipeline.config = PipelineConfig(router_endpoint="tcp://127.0.0.1:1",
                                      first_token=first_token)  # type: ignore[arg-type]
@@ -33,6 +33,9 @@ def _pipeline(first_token: str, events: list, decode_fails: bool = False) -> Pip
         events.append(("decode_sent", msg.token_ids))
         if decode_fails:
             raise WorkerLost("decode worker gone")
+        if forced_step:  # a vLLM decode worker: its engine's first step re-made the first token, sent empty
+            yield Tokens(request_id=msg.request_id, token_ids=())
+            events.append("next_step")
         yield Tokens(request_id=msg.request_id, token_ids=(8,))
         yield Tokens(request_id=msg.request_id, token_ids=(9,), finish_reason="length")
 
@@ -42,9 +45,9 @@ def _pipeline(first_token: str, events: list, decode_fails: bool = False) -> Pip
     return pipeline
 
 
-async def _events(first_token: str, decode_fails: bool = False) -> list:
+async def _events(first_token: str, decode_fails: bool = False, forced_step: bool = False) -> list:
     events: list = []
-    pipeline = _pipeline(first_token, events, decode_fails)
+    pipeline = _pipeline(first_token, events, decode_fails, forced_step)
     try:
         async for out in pipeline._run("r", (1, 2, 3), SamplingParams(max_tokens=3), ROUTE):
             events.append(out.token_ids)
@@ -66,3 +69,12 @@ async def test_first_token_order(first_token: str, expected: list) -> None:
 async def test_held_first_token_is_not_sent_when_the_decode_worker_is_lost() -> None:
     # The caller migrates a request with nothing streamed from its prompt alone: prefilled again, the same answer.
     assert await _events("decode", decode_fails=True) == [("decode_sent", (1, 2, 3)), "lost"]
+
+
+@pytest.mark.parametrize(("first_token", "expected"), [
+    # The empty output of the decode engine's first step releases the held token; it is not passed on itself.
+    ("decode", [("decode_sent", (1, 2, 3)), (7,), "next_step", (8,), (9,)]),
+    ("prefill", [(7,), ("decode_sent", (1, 2, 3)), "next_step", (8,), (9,)]),
+])
+async def test_the_decode_engines_first_step_releases_the_first_token(first_token: str, expected: list) -> None:
+    assert await _events(first_token, forced_step=True) == expected

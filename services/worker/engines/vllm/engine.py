@@ -285,12 +285,16 @@ class VllmEngine(VllmAdapters):
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
                 logprobs = token_logprobs(token_ids, completion.logprobs, num_top)
-                if forced is not None:  # the forced token and its logprobs: the prefill worker sent both
+                handed_off = False  # this output is the hand-off's first step (the forced token's)
+                if forced is not None and forced.pending:  # the forced token and its logprobs: the prefill sent both
                     token_ids, logprobs = forced.emitted(token_ids, logprobs)
+                    handed_off = not forced.pending
                 # Asked for (never on a decode side that pulled the KV: params.py), on the first output only.
                 scored = prompt_logprobs(prompt_ids, out.prompt_logprobs) if out.prompt_logprobs else ()
                 if not out.finished:
-                    if token_ids:
+                    # The forced step's output is sent even empty: the frontend gives the client the first token
+                    # then, as vLLM's P/D does with its decode engine's first step, not a step later.
+                    if token_ids or handed_off:
                         # Every output carries the prefix-cache hit: the frontend reads it off the first one.
                         yield EngineOutput(request.request_id, token_ids, num_prompt_tokens=len(prompt_ids),
                                            num_cached_tokens=_cached_tokens(out, request), logprobs=logprobs,
