@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Optional
@@ -262,9 +263,9 @@ def worker(
         reexec_with_engine_env(engine_process_env(config, core) if core is not None else engine_env)
         from cli.engine_reaper import private_socket_dir, start_engine_reaper
 
-        socket_dir = private_socket_dir(wid)
+        config = dataclasses.replace(config, socket_dir=private_socket_dir(wid))
         # Before vLLM starts its engine processes: they die with us, even by SIGKILL, and their sockets go.
-        start_engine_reaper(remove_dirs=(socket_dir,) if socket_dir else ())
+        start_engine_reaper(remove_dirs=(config.socket_dir,))
         from cli.shm_tracker import start_shm_tracker, sweep_stale_records
 
         sweep_stale_records()  # what a killed worker's tracker held on this host

@@ -29,16 +29,16 @@ POLL_S = 1.0
 MAPS_MAX_INTERVAL_S = 30.0
 
 
-def private_socket_dir(worker_id: str) -> str | None:
-    """A directory of this worker's own for vLLM's IPC socket files, set as VLLM_RPC_BASE_PATH; None where the
-    environment names one. vLLM makes five ``ipc://$TMPDIR/<uuid>`` sockets an engine (three in the worker, two
-    in its engine core) and removes none of them: 1,500 socket files in /tmp after one test suite. The reaper
-    removes the directory once the tree is gone, however it went."""
-    if os.environ.get("VLLM_RPC_BASE_PATH"):
-        return None
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)[:32]
+def private_socket_dir(worker_id: str) -> str:
+    """A directory of this worker's own for its engine's socket files (our KV events socket, and vLLM's IPC
+    sockets through VLLM_RPC_BASE_PATH unless the environment names a place). vLLM makes five
+    ``ipc://$TMPDIR/<uuid>`` sockets an engine (three in the worker, two in its engine core) and removes none of
+    them: ~1,500 socket files in /tmp after one test suite. The reaper removes the directory once the tree is
+    gone, however it went. Short (a socket's path must fit 107 bytes): the worker id's first 16 characters."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)[:16]
     path = tempfile.mkdtemp(prefix=f"splitserve-vllm-{safe}-")
-    os.environ["VLLM_RPC_BASE_PATH"] = path  # read by vLLM in this process and in the engine processes it spawns
+    if not os.environ.get("VLLM_RPC_BASE_PATH"):
+        os.environ["VLLM_RPC_BASE_PATH"] = path  # read by vLLM here and in the engine processes it spawns
     return path
 
 

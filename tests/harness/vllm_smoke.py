@@ -10,6 +10,7 @@ too). Commands: {"op": "generate", ...EngineRequest fields, sampling fields flat
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def _stats(engine: VllmEngine) -> dict[str, Any]:
 async def main(config_json: str) -> int:
     fields = msgspec.json.decode(config_json)
     fields["model"] = Path(fields["model"])
+    # The KV events socket beside vLLM's own (tests/services/worker/engines/vllm/conftest.py), removed with them.
+    fields.setdefault("socket_dir", os.environ.get("VLLM_RPC_BASE_PATH", ""))
     engine = VllmEngine(VllmEngineConfig(**fields))
     try:
         await engine.start()

@@ -78,6 +78,9 @@ class VllmEngineConfig:
     kvtier_write_through: bool = True
     # The worker's CURVE key directory (``keys make``'s OUT/worker), handed to the connector as a path ("" = plain).
     kvtier_curve_dir: str = ""
+    # Where the engine's ipc:// socket files go (the worker's own directory, removed with it; "" = the temporary
+    # directory, where a killed worker leaves them).
+    socket_dir: str = ""
 
 
 def engine_process_env(config: VllmEngineConfig, core_id: int | None) -> dict[str, str]:

@@ -228,6 +228,8 @@ class VllmEngine(VllmAdapters):
     def _events_endpoint(self) -> str:
         # ipc: the engine core binds it (vLLM binds ipc endpoints), only this host's processes can reach it. The
         # engine id too: PIDs repeat across PID namespaces (containers) that may share one /tmp.
+        if self.config.socket_dir:  # the worker's own directory
+            return f"ipc://{self.config.socket_dir}/kv-events.sock"
         return f"ipc://{tempfile.gettempdir()}/splitserve-kv-{self.config.engine_id or 'vllm'}-{os.getpid()}.sock"
 
     def drain_kv_events(self) -> list:
