@@ -126,7 +126,7 @@ class Registry:
         if entry is None or not entry.handoffs:
             return
         stored = {h for e in events if isinstance(e, BlockStored) for h in e.block_hashes}
-        if stored:
+        if any(not arrived and last in stored for _, last, arrived in entry.handoffs):  # else nothing to copy
             self._workers[worker_id] = replace(entry, handoffs=tuple(
                 (due, last, arrived or last in stored) for due, last, arrived in entry.handoffs))
 
