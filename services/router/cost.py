@@ -88,6 +88,8 @@ class Site:
     num_cached_tokens: int = 0
     # Tokens/s its peers measured (``typical_rate``; 0: none did), assumed while it measured none of its own.
     peer_tokens_per_s: float = 0.0
+    # Hand-offs on their way to it (prefilled elsewhere, not in its reports yet): streams it is about to have.
+    num_handoffs_due: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,8 @@ def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig, wi
 
 def predicted_stall_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
     """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams;
-    routed-since-report requests count, as ``effective_load`` adds them as waiting)."""
-    if decode.load.num_running + decode.load.num_waiting == 0:
+    routed-since-report requests count, as ``effective_load`` adds them as waiting, and hand-offs still due)."""
+    if decode.load.num_running + decode.load.num_waiting + decode.num_handoffs_due == 0:
         return 0.0
     uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
     return uncached / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
@@ -237,3 +239,10 @@ def _best_per_place(sites: Sequence[Site], key: Callable[[Site], Any]) -> list[S
 
 def _load_key(load: WorkerLoad) -> tuple[int, int]:
     return (load.num_running + load.num_waiting, load.num_active_blocks)
+
+
+def handoff_due_s(now_s: float, predicted_remote_s: float) -> float:
+    """When a hand-off routed now is given up on, if no KV event said it arrived: twice the predicted remote
+    prefill and transfer plus 2 s for the queueing a prediction misses (a late one only keeps local prefills off
+    that worker a while longer: later first tokens, never a stalled stream), at most 30 s."""
+    return now_s + min(2.0 * predicted_remote_s + 2.0, 30.0)

@@ -38,6 +38,7 @@ class Candidate:
     node: str = ""
     zone: str = ""
     kv_bytes_per_token: int = 0
+    num_handoffs_due: int = 0  # hand-offs on their way to it (prefilled elsewhere): streams it will have
 
 
 @dataclass(frozen=True)
@@ -389,7 +390,7 @@ def _site(candidate: Candidate, overlaps: Mapping[str, TierOverlap], block_size:
     credit = 0.0 if overlap is None else _credit(candidate.load, candidate.kv_bytes_per_token, overlap, block_size,
                                                  config)
     return Site(candidate.worker_id, candidate.load, Place(candidate.node, candidate.zone),
-                candidate.kv_bytes_per_token, int(credit * block_size), peer_rate)
+                candidate.kv_bytes_per_token, int(credit * block_size), peer_rate, candidate.num_handoffs_due)
 
 
 def _cached_tokens(overlap: TierOverlap | None, block_size: int, num_prompt_tokens: int) -> int:

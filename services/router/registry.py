@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from common.errors import RegistrationRefused
-from common.protocol import PROTOCOL_VERSION, Role, WorkerInfo, WorkerList, WorkerLoad
+from common.protocol import PROTOCOL_VERSION, BlockStored, KvEvent, Role, WorkerInfo, WorkerList, WorkerLoad
 from services.router.policy import Candidate
 
 DECODE_ROLES: frozenset[Role] = frozenset({"decode", "both"})
@@ -35,6 +35,11 @@ class WorkerEntry:
     num_decode_blocks_since_report: int = 0
     # Draining workers get no new routes; they stay listed until they unregister or go silent.
     draining: bool = False
+    # Hand-offs routed here (prefilled elsewhere), as (due monotonic s, the prompt's last block hash or None,
+    # arrived). Until its KV arrives the worker cannot report one, and a report of no streams let the stall rule
+    # prefill locally on an engine a stream was about to join (multi-turn: 230-320 ms gaps). One leaves at the
+    # first report after its last block is stored there (KV events), or once past due.
+    handoffs: tuple[tuple[float, int | None, bool], ...] = ()
 
 
 def check_protocol_version(peer_id: str, version: int) -> None:
@@ -95,20 +100,35 @@ class Registry:
             return False
         self._workers[worker_id] = replace(entry, load=load, last_seen_s=now_s, num_routed_since_report=0,
                                            num_tokens_routed_since_report=0, num_decode_blocks_since_report=0,
-                                           draining=draining)
+                                           draining=draining,
+                                           handoffs=tuple(h for h in entry.handoffs if h[0] > now_s and not h[2]))
         return True
 
-    def note_routed(self, worker_id: str, num_prefill_tokens: int = 0, num_decode_tokens: int = 0) -> None:
+    def note_routed(self, worker_id: str, num_prefill_tokens: int = 0, num_decode_tokens: int = 0,
+                    handoff: tuple[float, int | None] | None = None) -> None:
         """A request was routed here, with ``num_prefill_tokens`` prompt tokens for it to compute and, when it
-        decodes here, ``num_decode_tokens`` tokens of context (its prompt)."""
+        decodes here, ``num_decode_tokens`` tokens of context (its prompt); ``handoff``: it is prefilled
+        elsewhere, (when it is due, its prompt's last block hash)."""
         entry = self._workers.get(worker_id)
         if entry is not None:
             block_size = max(entry.info.block_size, 1)
+            handoffs = entry.handoffs + (() if handoff is None else ((*handoff, False),))
             self._workers[worker_id] = replace(
-                entry, num_routed_since_report=entry.num_routed_since_report + 1,
+                entry, handoffs=handoffs, num_routed_since_report=entry.num_routed_since_report + 1,
                 num_tokens_routed_since_report=entry.num_tokens_routed_since_report + num_prefill_tokens,
                 num_decode_blocks_since_report=entry.num_decode_blocks_since_report
                 + -(-num_decode_tokens // block_size))
+
+    def note_stored(self, worker_id: str, events: tuple[KvEvent, ...]) -> None:
+        """KV events from ``worker_id``: a hand-off whose last block it stored has arrived (its stream is in the
+        worker's next report)."""
+        entry = self._workers.get(worker_id)
+        if entry is None or not entry.handoffs:
+            return
+        stored = {h for e in events if isinstance(e, BlockStored) for h in e.block_hashes}
+        if any(not arrived and last in stored for _, last, arrived in entry.handoffs):  # else nothing to copy
+            self._workers[worker_id] = replace(entry, handoffs=tuple(
+                (due, last, arrived or last in stored) for due, last, arrived in entry.handoffs))
 
     def expire(self, now_s: float, timeout_s: float) -> list[str]:
         """Drop workers silent for longer than ``timeout_s``; returns their ids."""
@@ -153,7 +173,7 @@ class Registry:
         those holding that adapter (an engine runs no adapter it has not loaded)."""
         return [
             Candidate(worker_id=e.info.worker_id, load=self.effective_load(e), node=e.info.node, zone=e.info.zone,
-                      kv_bytes_per_token=e.info.kv_bytes_per_token)
+                      kv_bytes_per_token=e.info.kv_bytes_per_token, num_handoffs_due=len(e.handoffs))
             for e in self.workers(model, roles)
             if e.info.worker_id not in exclude_worker_ids and not e.draining
             and not (e.info.instance_id and e.info.instance_id in exclude_instance_ids)

@@ -38,6 +38,7 @@ from common.router_link import bind_events_subscriber
 from common.security import client_kinds
 from common.transport import Server, TransportConfig, new_id, open_context, oversized, peer_key, serve_requests
 from services.router.authz import Bindings, Gate
+from services.router.cost import handoff_due_s
 from services.router.approx_index import ApproxIndex
 from services.router.defaults import ROUTER_ENDPOINT
 from services.router.event_watch import EventWatch
@@ -99,8 +100,7 @@ class RouterService:
         self._keys: dict[str, str] = {}
         self.tiers = TierRegistry()  # registered kvtier processes (shared KV sources)
         self.events_endpoint = ""
-        # Link bandwidths learned from the transfers workers report (pulls and pushes); the kv policy prices KV
-        # moves with it.
+        # Link bandwidths learned from the transfers workers report (pulls, pushes): the kv policy prices KV moves.
         self.topology = Topology(config.policy.cost.topology)
         self.policy = Policy(config.policy, seed=config.seed, topology=self.topology)
         # Tier speeds learned from the workers' tier loads; the configured ones until then.
@@ -263,7 +263,8 @@ class RouterService:
             return ErrorReply(request_id=req.request_id, code="no_worker", message=str(exc))
         num_uncached = max(len(req.token_ids) - choice.num_cached_tokens_predicted, 0)
         local = choice.prefill_worker_id is None
-        self.registry.note_routed(choice.decode_worker_id, num_uncached if local else 0, len(req.token_ids))
+        handoff = None if local else (handoff_due_s(time.monotonic(), choice.predicted_s), hashes[-1] if hashes else None)
+        self.registry.note_routed(choice.decode_worker_id, num_uncached if local else 0, len(req.token_ids), handoff)
         if hashes:
             self.event_watch.routed(choice.decode_worker_id)
         self._note_approx(choice.decode_worker_id, hashes)
@@ -272,13 +273,11 @@ class RouterService:
             self.registry.note_routed(choice.prefill_worker_id, num_uncached)
             self._note_approx(choice.prefill_worker_id, hashes)
             prefill_ref = self._ref(choice.prefill_worker_id)
-        tier = ""
-        if local and self.tiers and (decode_entry := self.registry.get(choice.decode_worker_id)) is not None:
-            tier = self._remote_tier(decode_entry, hashes, len(req.token_ids), block_size)
+        decode_entry = self.registry.get(choice.decode_worker_id) if local and self.tiers else None
+        tier = "" if decode_entry is None else self._remote_tier(decode_entry, hashes, len(req.token_ids), block_size)
         self.metrics.observe_route(choice, len(hashes), time.perf_counter() - start_s)
-        log.debug("route_chosen", request_id=req.request_id, decode=choice.decode_worker_id,
-                  prefill=choice.prefill_worker_id, reason=choice.reason, predicted_s=round(choice.predicted_s, 4),
-                  num_prompt_tokens=len(req.token_ids))
+        log.debug("route_chosen", request_id=req.request_id, decode=choice.decode_worker_id, reason=choice.reason,
+                  prefill=choice.prefill_worker_id, predicted_s=round(choice.predicted_s, 4), num_prompt_tokens=len(req.token_ids))
         return Route(request_id=req.request_id, decode=self._ref(choice.decode_worker_id), prefill=prefill_ref,
                      num_cached_tokens_predicted=choice.num_cached_tokens_predicted, kvtier_remote=tier)
 
@@ -302,8 +301,8 @@ class RouterService:
 
     def _overlaps(self, hashes: list[int], pending: bool = True) -> dict[str, TierOverlap]:
         # pending=False: what each worker holds now. With a shared tier, name every worker (the tier's blocks count).
-        worker_ids = [e.info.worker_id for e in self.registry.workers()] if self.tiers else None
-        return merged_overlaps(self.index, self.approx, self.pending if pending else None, hashes, worker_ids)
+        return merged_overlaps(self.index, self.approx, self.pending if pending else None, hashes,
+                               [e.info.worker_id for e in self.registry.workers()] if self.tiers else None)
 
     def _note_approx(self, worker_id: str, hashes: list[int]) -> None:
         entry = self.registry.get(worker_id)
@@ -340,6 +339,7 @@ class RouterService:
         if identity is None or (self.registry.get(msg.worker_id) is None and msg.worker_id not in self.tiers):
             return  # a worker we dropped; it re-registers and republishes
         check = self.index.apply_events(msg)
+        self.registry.note_stored(msg.worker_id, msg.events)
         self.event_watch.event(msg.worker_id, time.monotonic())
         self.metrics.events_applied.inc(len(msg.events))
         if check.needs_snapshot:

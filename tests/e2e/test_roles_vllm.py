@@ -86,7 +86,10 @@ def test_prefill_worker_moved_to_decode_serves_transferred_kv(tmp_path, mode: st
         num_at_switch = len(outputs)
         # From the decision to the moved worker's first KV as a decode worker (a request must reach it first).
         assert wait_until(lambda: _into(worker_stats(graph.router), "prefill-0", MOVED), timeout_s=120,
-                          interval_s=0.02)
+                          interval_s=0.02), (len(outputs) - num_at_switch, errors[:3],
+                                             {w: (s.num_transfers, s.num_transfer_failures, s.recent_transfers[-3:])
+                                              for w, s in worker_stats(graph.router).items()},
+                                             graph.logs()[-6000:])
         first_pull_s, answer_to_pull_s = time.monotonic() - decided, time.monotonic() - answered
         assert wait_until(lambda: len(outputs) >= num_at_switch + 9, timeout_s=240)
         stop.set()

@@ -186,20 +186,22 @@ def test_decide_prefill(prompt: int, cached: int, pool: list[Candidate], expecte
 
 
 @pytest.mark.parametrize(
-    ("running", "waiting", "rate", "uncached", "expected_s"),
+    ("running", "waiting", "handoffs", "rate", "uncached", "expected_s"),
     [
-        (0, 0, 0.0, 64, 0.0),  # no streams to stall
-        (2, 0, 0.0, 64, 0.032),  # the default rate, 2,000 tokens/s
-        (0, 1, 0.0, 64, 0.032),  # routed since the last report: streaming soon
-        (1, 0, 640.0, 64, 0.1),  # the worker's measured rate
+        (0, 0, 0, 0.0, 64, 0.0),  # no streams to stall
+        (2, 0, 0, 0.0, 64, 0.032),  # the default rate, 2,000 tokens/s
+        (0, 1, 0, 0.0, 64, 0.032),  # routed since the last report: streaming soon
+        (0, 0, 1, 0.0, 64, 0.032),  # a hand-off on its way, in no report yet: streaming soon
+        (1, 0, 0, 640.0, 64, 0.1),  # the worker's measured rate
     ],
 )
-def test_predicted_stall_s(running: int, waiting: int, rate: float, uncached: int, expected_s: float) -> None:
+def test_predicted_stall_s(running: int, waiting: int, handoffs: int, rate: float, uncached: int,
+                           expected_s: float) -> None:
     from services.router.cost import Site
     from services.router.cost import predicted_stall_s
 
     load = WorkerLoad(num_running=running, num_waiting=waiting, prefill_tokens_per_s=rate)
-    site = Site("d1", load, num_cached_tokens=1536)
+    site = Site("d1", load, num_cached_tokens=1536, num_handoffs_due=handoffs)
     assert predicted_stall_s(1536 + uncached, site, CostConfig()) == pytest.approx(expected_s)
 
 

@@ -79,3 +79,26 @@ def test_an_adapters_candidates_are_the_workers_holding_it_as_their_beats_say() 
     assert registry.set_adapters("c", ())
     assert (ids("sql"), ids("chat"), ids("poem")) == (["a"], [], ["b"])
     assert registry.listing("ls").workers[1].lora_names == ("poem",)
+
+
+def test_a_handoff_on_its_way_counts_until_its_blocks_arrive_and_a_report_follows_or_it_is_past_due() -> None:
+    # Prefilled elsewhere, a request is in no report of its decode worker until its KV arrives: a report of no
+    # streams must not erase it (the stall rule would prefill locally on an engine a stream is about to join).
+    from common.protocol import BlockStored
+
+    registry = _registry(WorkerLoad())
+    registry.note_routed("w", 0, 1000, handoff=(3.0, 111))
+    registry.note_routed("w", 0, 1000, handoff=(9.0, 222))
+    registry.note_routed("w", 64, 1000)  # prefilled here: no hand-off
+
+    def due() -> list[int]:
+        return [c.num_handoffs_due for c in registry.candidates("m", frozenset({"prefill"}))]
+
+    registry.report("w", WorkerLoad(), now_s=2.0)
+    assert due() == [2]
+    registry.note_stored("w", (BlockStored(block_hashes=(5, 222), parent_hash=None, tier="device"),))
+    assert due() == [2]  # arrived, but the stream shows in the next report only
+    registry.report("w", WorkerLoad(num_running=1), now_s=2.5)
+    assert due() == [1]
+    registry.report("w", WorkerLoad(num_running=1), now_s=3.5)  # 111 never arrived: past due
+    assert due() == [0]

@@ -130,13 +130,21 @@ def test_a_prefix_still_on_its_way_to_the_decode_worker_is_not_prefilled_there()
     assert _route_pd(svc, first) == ("decode", "prefill")
     svc.handle(b"decode", idle)  # the decode worker reports in while the first prompt is still being prefilled
     assert _route_pd(svc, second) == ("decode", "prefill")
-    # Once the decode worker's events say it holds the prefix, a short suffix runs there (it has no streams).
-    hashes = block_hashes(prefix, BS, svc.registry.get("decode").info.hash_seed)
+    # The first request's KV arrives (the decode worker's events store its blocks, the prefix among them); the
+    # second's is still on its way, in no report: a local prefill would stall the stream about to start there.
+    seed = svc.registry.get("decode").info.hash_seed
+    hashes = block_hashes(prefix, BS, seed)
     svc._identities.setdefault("decode", b"decode")
     svc._apply_events(KvEvents(worker_id="decode", event_id=0, events=(
-        BlockStored(block_hashes=tuple(hashes), parent_hash=None, tier="device"),)))
+        BlockStored(block_hashes=tuple(block_hashes(first, BS, seed)), parent_hash=None, tier="device"),)))
     assert svc._overlaps(hashes, pending=False)["decode"].device == len(hashes)
-    # ...and its load report says both earlier requests have finished: no stream to stall.
     svc.handle(b"decode", Heartbeat(worker_id="decode", load=idle.load, seq=2))
     third = prefix + [rng.randrange(10, 8000) for _ in range(64)]
-    assert _route_pd(svc, third) == ("decode", None)
+    assert _route_pd(svc, third) == ("decode", "prefill")
+    # Once every hand-off has arrived and the load report says they have finished, a short suffix runs there.
+    svc._apply_events(KvEvents(worker_id="decode", event_id=1, events=(
+        BlockStored(block_hashes=tuple(block_hashes(second, BS, seed)[-2:]), parent_hash=hashes[-1], tier="device"),
+        BlockStored(block_hashes=tuple(block_hashes(third, BS, seed)[-2:]), parent_hash=hashes[-1], tier="device"))))
+    svc.handle(b"decode", Heartbeat(worker_id="decode", load=idle.load, seq=3))
+    fourth = prefix + [rng.randrange(10, 8000) for _ in range(64)]
+    assert _route_pd(svc, fourth) == ("decode", None)
