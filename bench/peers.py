@@ -148,7 +148,8 @@ def run_arm(args: argparse.Namespace, arm_name: str, index: int, rates: list[flo
     out: dict[str, Any] = {"arm": arm_name, "index": index, "what": arm.what, "system": arm.system,
                            "loadavg_before": loadavg(), "uptime": _uptime()}
     all_cores = os.sched_getaffinity(0)
-    running = start_arm(arm, args.model, args.dtype, Path(args.log_dir), args.kv_transfer, index, args.num_blocks)
+    running = start_arm(arm, args.model, args.dtype, Path(args.log_dir), args.kv_transfer, index, args.num_blocks,
+                        args.server_log_level)
     try:
         out.update(running.facts)
         out["pids"] = running.pids
@@ -214,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--profile-s", type=float, default=0.0, help="py-spy every process for this long (0: no)")
     ap.add_argument("--log-dir", default="/tmp/peers")
+    ap.add_argument("--server-log-level", default="warning",
+                    help="splitserve's services' log level (debug: every route, in --log-dir's peers-*.log)")
     ap.add_argument("--out", type=Path, default=RESULTS / "peers.json")
     return ap
 

@@ -95,18 +95,19 @@ def process_cpu(pids: dict[str, int]) -> dict[str, float]:
 
 
 def start_arm(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int,
-              num_blocks: int | None = None) -> Running:
+              num_blocks: int | None = None, log_level: str = "warning") -> Running:
     """``num_blocks``: KV blocks per engine in every arm (splitserve `--num-blocks`, vLLM
-    `--num-gpu-blocks-override`), to make a workload's prefixes outgrow the engines' caches alike."""
+    `--num-gpu-blocks-override`), to make a workload's prefixes outgrow the engines' caches alike. ``log_level``:
+    splitserve's services' (debug: the router's every route, to trace a run's misses)."""
     if arm.system == "splitserve":
-        return _splitserve(arm, model, dtype, log_dir, kv_transfer, index, num_blocks)
+        return _splitserve(arm, model, dtype, log_dir, kv_transfer, index, num_blocks, log_level)
     return _vllm(arm, model, dtype, log_dir, index, num_blocks)
 
 
 def _splitserve(arm: Arm, model: Path, dtype: str, log_dir: Path, kv_transfer: str, index: int,
-                num_blocks: int | None) -> Running:
+                num_blocks: int | None, log_level: str) -> Running:
     args = ["--engine", "vllm", "--model", str(model), "--dtype", dtype, "--block-size", "32",
-            "--log-level", "warning", *arm.up_args]
+            "--log-level", log_level, *arm.up_args]
     if not arm.kvtier:
         args.append("--no-kvtier")
     if num_blocks:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import orjson
 
 from bench.lib.client import Client, StreamResult
-from bench.lib.metrics import RequestTiming
+from bench.lib.metrics import RequestTiming, token_times
 from bench.lib.server import Target
 from bench.lib.workloads import Session, Turn, chat_messages
 
@@ -231,6 +231,9 @@ def request_rows(run: PointRun) -> list[dict[str, Any]]:
             "ttft_ms": None if t.ttft_s is None else round(t.ttft_s * 1e3, 4),
             "tpot_ms": None if tp is None else round(tp * 1e3, 4),
             "itl_max_ms": round(max(gaps) * 1e3, 4) if gaps else None,
+            # When the longest gap ended, from the request's send: with start_s, where a stall falls in the run.
+            "itl_max_at_ms": (round(token_times(t.chunk_times_s, t.chunk_tokens)[gaps.index(max(gaps)) + 1] * 1e3, 4)
+                              if gaps else None),
             "e2e_ms": round(t.e2e_s * 1e3, 4), "finish_reason": s.result.finish_reason or None,
         })
     return rows

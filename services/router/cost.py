@@ -173,9 +173,12 @@ def remote_prefill(num_prompt_tokens: int, prefill: Site, decode: Site, topology
 
 
 def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence[Site], topology: Topology,
-                   config: CostConfig) -> PrefillChoice:
+                   config: CostConfig, max_stall_s: float = float("inf")) -> PrefillChoice:
     """The cheapest remote prefill worker for ``decode`` (among near-equal ones the closest, then the
-    fastest, then the least loaded, then by id), unless prefilling on ``decode`` itself is cheaper."""
+    fastest, then the least loaded, then by id), unless prefilling on ``decode`` itself is cheaper and stalls
+    its streams for at most ``max_stall_s`` (``predicted_stall_s``): cheaper in seconds of this prompt, a
+    224-token turn behind a cached history was prefilled on a streaming CPU decode engine, a 240-300 ms gap in
+    every stream there (multi-turn; shared prefixes and the tier workload likewise)."""
     local_s = local_prefill_s(num_prompt_tokens, decode, config)
     if not prefill_sites:
         return PrefillChoice(None, local_s, "no_remote", local_s)
@@ -189,7 +192,7 @@ def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence
     else:  # the prompt's own work on each side: moving its KV against computing it where it will decode
         own_local_s = local_prefill_s(num_prompt_tokens, decode, config, with_queue=False)
         go_local = own_local_s < cost.compute_s + cost.transfer_s
-    if go_local:
+    if go_local and predicted_stall_s(num_prompt_tokens, decode, config) <= max_stall_s:
         return PrefillChoice(None, local_s, "local_cheaper", local_s)
     return PrefillChoice(site.worker_id, cost.total_s, "remote", local_s, cost.link.relation, cost.transfer_s)
 
@@ -201,7 +204,7 @@ class PairChoice:
 
 
 def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_sites: Sequence[Site],
-                topology: Topology, config: CostConfig) -> PairChoice:
+                topology: Topology, config: CostConfig, max_stall_s: float = float("inf")) -> PairChoice:
     """Among decode workers the kv policy found equal, the one whose best prefill is fastest; near-equal
     pairs go to the closest (local prefill counts as same node), then the faster, then the less loaded.
 
@@ -220,7 +223,7 @@ def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_si
     pairs = []
     for decode in decode_reps:
         pool = [s for s in prefill_reps if s.worker_id != decode.worker_id]
-        pairs.append((choose_prefill(num_prompt_tokens, decode, pool, topology, config), decode))
+        pairs.append((choose_prefill(num_prompt_tokens, decode, pool, topology, config, max_stall_s), decode))
     best_s = min(choice.predicted_s for choice, _ in pairs)
     near = [p for p in pairs if p[0].predicted_s <= best_s * (1 + config.equal_tolerance)]
     choice, decode = min(near, key=lambda p: (RELATION_RANK[p[0].relation], p[0].predicted_s,

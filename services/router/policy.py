@@ -70,9 +70,9 @@ class PolicyConfig:
     # Uncached prompt tokens at or below which the decode worker prefills locally...
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     # ...if it has no streams, or the prefill's predicted seconds (uncached tokens / its prefill rate) are at most
-    # this: a local prefill stalls every stream on the decode engine for its length (one inter-token gap). Without
-    # it, 64-token suffixes after cached 1,536-token prefixes went local on a CPU decode engine and broke a 60 ms
-    # ITL SLO (bench/results/peers-shared-prefix.json: goodput 0.1 vs vLLM P/D's 0.4 req/s). inf: never priced.
+    # this; the kv policy's "local cheaper" too. A local prefill stalls every stream on the decode engine for its
+    # length (one inter-token gap): 64-token suffixes after cached 1,536-token prefixes broke a 60 ms ITL SLO
+    # (peers-shared-prefix.json), 224-token turns after a cached history made 240-300 ms gaps. inf: never priced.
     local_prefill_max_stall_s: float = LOCAL_PREFILL_MAX_STALL_S
     # The prefill pool is saturated when every prefill worker has at least this many requests waiting.
     prefill_queue_limit: int = 8
@@ -163,15 +163,8 @@ def _queued_blocks(load: WorkerLoad, config: PolicyConfig, block_size: int) -> f
     return config.queue_weight * queued_tokens(load, config.cost) / block_size
 
 
-def choose_worker(
-    candidates: Sequence[Candidate],
-    overlaps: Mapping[str, TierOverlap],
-    num_request_blocks: int,
-    config: PolicyConfig,
-    rng: random.Random,
-    rr_index: int,
-    block_size: int = 0,
-) -> Choice:
+def choose_worker(candidates: Sequence[Candidate], overlaps: Mapping[str, TierOverlap], num_request_blocks: int,
+                  config: PolicyConfig, rng: random.Random, rr_index: int, block_size: int = 0) -> Choice:
     """One worker from ``candidates`` by ``config.policy``; raises NoWorkerError when there is none.
 
     Independent of the candidates' order: round-robin, random and sampling index the candidates sorted
@@ -348,7 +341,8 @@ class Policy:
             cached = _cached_tokens(overlaps.get(prefill.worker_id), block_size, num_prompt_tokens)
             return RouteChoice(decode.worker_id, prefill.worker_id, cached, decision.reason, decode, prefill)
         sites = [_site(c, overlaps, block_size, config, peer_rate) for c in open_pool]
-        priced = choose_prefill(num_prompt_tokens, held_site, sites, self.topology, config.cost)
+        priced = choose_prefill(num_prompt_tokens, held_site, sites, self.topology, config.cost,
+                                config.local_prefill_max_stall_s)
         if priced.worker_id is None:
             return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
                                predicted_s=priced.predicted_s)
@@ -378,7 +372,8 @@ class Policy:
         open_pool = [_site(c, overlaps, block_size, config, peer_rate) for c in prefill_candidates
                      if c.load.num_waiting < config.prefill_queue_limit]
         decode_sites = [_site(c, overlaps, block_size, config, peer_rate) for _, _, c in ties]
-        pair = choose_pair(num_prompt_tokens, decode_sites, open_pool, self.topology, config.cost)
+        pair = choose_pair(num_prompt_tokens, decode_sites, open_pool, self.topology, config.cost,
+                           config.local_prefill_max_stall_s)
         _, credit, _ = next(s for s in ties if s[2].worker_id == pair.decode_worker_id)
         return Choice(pair.decode_worker_id, decode.cost, credit, decode.reason, decode.best_overlap_blocks,
                       decode.all_busy)

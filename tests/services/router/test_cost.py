@@ -104,6 +104,33 @@ def test_choose_prefill(decode: Site, prefill: list[Site], samples: list, expect
     assert same(choose_prefill(PROMPT, decode, prefill, topology, CONFIG), expected)
 
 
+# Local cheaper (1,000 cached on the decode worker: local 1.5 s against 1.0 + 0.012 s remote compute and move),
+# stalling the decode worker's streams for its 1,000 uncached tokens at 1,000 tokens/s: 1.0 s.
+STREAMING = WorkerLoad(num_running=1, num_waiting_tokens=0)
+
+
+@pytest.mark.parametrize(
+    ("load", "num_handoffs_due", "max_stall_s", "expected"),
+    [
+        pytest.param(IDLE, 0, 0.025, PrefillChoice(None, 1.5, "local_cheaper", 1.5), id="no-streams-no-stall"),
+        pytest.param(STREAMING, 0, float("inf"), PrefillChoice(None, 1.6, "local_cheaper", 1.6), id="no-cap"),
+        pytest.param(STREAMING, 0, 1.0, PrefillChoice(None, 1.6, "local_cheaper", 1.6), id="stall-at-cap"),
+        pytest.param(STREAMING, 0, 0.025, PrefillChoice("p", 2.012, "remote", 1.6, "same_zone", 0.012),
+                     id="stall-over-cap-remote"),
+        # A hand-off on its way is a stream the local prefill would stall too.
+        pytest.param(IDLE, 1, 0.025, PrefillChoice("p", 2.012, "remote", 1.5, "same_zone", 0.012),
+                     id="handoff-due-remote"),
+    ],
+)
+def test_local_cheaper_only_within_the_stall_cap(load: WorkerLoad, num_handoffs_due: int, max_stall_s: float,
+                                                expected: PrefillChoice) -> None:
+    decode = replace(site("d", A1, cached=1000, load=load), num_handoffs_due=num_handoffs_due)
+    choice = choose_prefill(PROMPT, decode, [site("p", B1)], Topology(TOPOLOGY), CONFIG, max_stall_s)
+    assert same(choice, expected)
+    pair = choose_pair(PROMPT, [decode], [site("p", B1)], Topology(TOPOLOGY), CONFIG, max_stall_s)
+    assert same(pair, PairChoice("d", expected))
+
+
 # b -> a pulls of 2e7 bytes: 2.002 s is 1e7 bytes/s (slow: remote 4.002 s, local wins), 0.022 s 1e9 bytes/s.
 SLOW_PULL, FAST_PULL, PAIR = 2.002, 0.022, ("p", "d")
 

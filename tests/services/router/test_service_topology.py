@@ -33,8 +33,10 @@ TOPOLOGY = TopologyConfig(same_zone_bytes_per_s=1e8, cross_zone_bytes_per_s=1e7,
 COST = CostConfig(prefill_tokens_per_s=1000.0, local_prefill_factor=1.5, topology=TOPOLOGY)
 
 
-def _router(cost: CostConfig = COST) -> RouterService:
-    svc = RouterService(RouterConfig(policy=PolicyConfig(cost=cost), pending_ttl_s=0.0))
+def _router(cost: CostConfig = COST, max_stall_s: float = float("inf")) -> RouterService:
+    """``max_stall_s``: the stall cap on local prefills (inf here: these tests are about prices and links)."""
+    svc = RouterService(RouterConfig(policy=PolicyConfig(cost=cost, local_prefill_max_stall_s=max_stall_s),
+                                     pending_ttl_s=0.0))
     svc.events_endpoint = "tcp://127.0.0.1:9"
     for worker_id, role, node, zone in [("d", "decode", "a", "z1"), ("p", "prefill", "c", "z2")]:
         info = WorkerInfo(worker_id=worker_id, role=role, model="m", block_size=16, num_blocks=1000,
@@ -114,6 +116,18 @@ def test_routed_tokens_count_as_queued_until_the_next_report() -> None:
     assert entry is not None and svc.registry.effective_load(entry).num_waiting_tokens == 2000
     # p now has 2,000 tokens queued (2 s) ahead of this prompt: 4.03 s remote vs 3.0 s local.
     assert _prefill_worker(svc, _prompt(2)) is None
+
+
+def test_local_cheaper_waits_for_the_streams_a_hand_off_brings() -> None:
+    """As above, with the default stall cap: the first prompt's hand-off is on its way to d, so the second
+    prompt's local prefill (2 s) would stall that stream: it queues behind p instead."""
+    svc = _router(replace(COST, queue_aware_local=True), max_stall_s=0.025)
+    for _ in range(TOPOLOGY.min_samples):
+        svc.topology.record(Place("c", "z2"), Place("a", "z1"), 20_000_000, 0.03)
+    for worker_id in ("p", "d"):
+        assert svc.handle(worker_id.encode(), Heartbeat(worker_id=worker_id, load=WorkerLoad(num_waiting_tokens=0))) is None
+    assert _prefill_worker(svc, _prompt(1)) == "p"
+    assert _prefill_worker(svc, _prompt(2)) == "p"
 
 
 def test_unknown_worker_heartbeat_with_samples_is_still_refused() -> None:
