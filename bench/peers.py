@@ -48,6 +48,7 @@ from bench.lib.results import MODEL_100M, RESULTS, conditions, finish, require_m
 from bench.lib.workloads import Dist, WorkloadSpec
 from bench.peers_arms import ARMS, DECODE_CORE, PREFILL_CORE, Running, process_cpu, start_arm
 from bench.peers_report import plot, summarize
+from cli.graph_spec import UP_KV_TRANSFER
 from services.worker.engines.vllm.dtype import cpu_has_fast_bf16
 
 SLO = "ttft_ms=3000,itl_ms=60"
@@ -209,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(e.g. 'ttft_ms=1000,itl_ms=60')")
     ap.add_argument("--num-blocks", type=int, default=None,
                     help="KV blocks per engine, every arm alike (default: what VLLM_CPU_KVCACHE_SPACE holds)")
-    ap.add_argument("--kv-transfer", choices=("pull", "push"), default="push", help="splitserve P/D arms")
+    ap.add_argument("--kv-transfer", choices=("pull", "push"), default=UP_KV_TRANSFER,
+                    help="splitserve P/D arms that name none (default: `up`'s)")
     ap.add_argument("--max-duration-s", type=float, default=120.0)
     ap.add_argument("--timeout-s", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=29)

@@ -49,9 +49,12 @@ class Arm:
 
 
 ARMS = {a.name: a for a in (
-    Arm("ss-pd", "splitserve", "splitserve P/D, `up` defaults (push; prompts <= --local-prefill-max-tokens "
-        "prefilled on the decode engine; the first token sent with the decode worker's first)", True,
-        ("--prefill", "1", "--decode", "1")),
+    Arm("ss-pd", "splitserve", "splitserve P/D, `up` defaults (pull since 2026-12-06, push before; prompts <= "
+        "--local-prefill-max-tokens prefilled on the decode engine; the first token sent with the decode worker's "
+        "first)", True, ("--prefill", "1", "--decode", "1")),
+    Arm("ss-pd-push", "splitserve", "splitserve P/D, `up` defaults but KV pushed by the prefill engine "
+        "(--kv-transfer push, vLLM's NixlPushConnector; `up`'s default before 2026-12-06)", True,
+        ("--prefill", "1", "--decode", "1"), kv_transfer="push"),
     Arm("ss-pd-early", "splitserve", "splitserve P/D, `up` defaults but the first token streamed as soon as the "
         "prefill worker has it (--first-token prefill, the default before issue 29)", True,
         ("--prefill", "1", "--decode", "1", "--first-token", "prefill")),

@@ -95,7 +95,7 @@ def up(
         "", help="vLLM engine arguments for decode engines only, e.g. '--max-num-seqs 256'", rich_help_panel=ENGINE),
     engine: str = typer.Option("vllm", help="mock | vllm", rich_help_panel=ENGINE),
     dtype: str = typer.Option("auto", help=DTYPE_HELP, rich_help_panel=ENGINE),
-    kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "push"), ENGINE),
+    kv_transfer: Optional[str] = _in_panel(kv_transfer_option(None, "pull"), ENGINE),
     block_size: int = typer.Option(32, help="Tokens per KV block (vLLM on CPU needs a multiple of 32)",
                                    rich_help_panel=ENGINE),
     num_blocks: Optional[int] = typer.Option(None, rich_help_panel=ENGINE),

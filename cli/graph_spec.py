@@ -17,14 +17,16 @@ from cli.tracing_setup import tracing_args
 from services.planner import defaults as planner_defaults
 from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MAX_TOKENS
 
-# `up`'s P/D KV transfer: push. Measured on a 2-core host (docs/measuring.md, "Pull or push"; bench/interference.py, A B A B):
-# long prompts' TTFT p50 -7% (p99 -20%), decode ITL p99 with long prompts -4%. `up` binds every side channel to
-# 127.0.0.1, where push works; the `worker` command's default stays pull (services/worker/engine.py).
-UP_KV_TRANSFER = "push"
+# `up`'s P/D KV transfer: pull, as the `worker` command's (services/worker/engine.py) and vLLM's own P/D. Push was
+# `up`'s default until 2026-12-06 (long prompts' TTFT p50 -7% on bench/interference.py), but under push the decode
+# engine is the transfer's target and runs a NIXL progress thread on its own core: side by side against vLLM's P/D
+# (docs/measuring.md, "Pull or push"), pull's decode steps were the faster (TPOT p90 -2 to -5 ms), its first
+# tokens 20-67 ms sooner, and shared prefixes went from 0.79-0.80x vLLM's goodput under push to 1.01-1.25x.
+UP_KV_TRANSFER = "pull"
 
 
 def up_kv_transfer(requested: str | None) -> str:
-    """The KV transfer `up` gives its workers: ``requested``, else push. Switchable vLLM workers (kv_both) push too:
+    """The KV transfer `up` gives its workers: ``requested``, else pull. Switchable vLLM workers (kv_both) can push:
     vLLM 0.32's NixlPushConnector acts per request, not per role (a prefill request's KV is written out, a decode
     request's blocks are registered), tested across a role switch in tests/e2e/test_roles_vllm.py."""
     return requested if requested is not None else UP_KV_TRANSFER

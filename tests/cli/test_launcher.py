@@ -107,14 +107,14 @@ def test_every_worker_moves_kv_the_same_way(mode: str) -> None:
     assert [c[c.index("--kv-transfer") + 1] for c in cmds] == [mode] * 3
 
 
-def test_up_pushes_by_default() -> None:
-    # One host, side channels on 127.0.0.1: push, measured better here (docs/measuring.md, "Pull or push").
+def test_up_pulls_by_default() -> None:
+    # Pull: the decode engine runs no NIXL progress thread beside its steps (docs/measuring.md, "Pull or push").
     cmd = worker_commands(GraphSpec(), Path("m"), "tcp://x:1")[0]
-    assert cmd[cmd.index("--kv-transfer") + 1] == "push"
+    assert cmd[cmd.index("--kv-transfer") + 1] == "pull"
 
 
 @pytest.mark.parametrize(("requested", "expected"), [
-    (None, "push"),  # switchable vLLM workers (kv_both) too: NixlPushConnector acts per request, not per role
+    (None, "pull"),
     ("pull", "pull"),
     ("push", "push"),
 ])
