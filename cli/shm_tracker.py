@@ -100,7 +100,10 @@ def sweep_stale_records(records: Path | None = None) -> list[str]:
         held = replay(record.read_text(errors="replace").splitlines())
         paths = {p for name, rtype in held.items() if (p := shm_path(rtype, name))}
         removed += remove_orphaned_segments({p for p in paths if os.path.exists(p)})
-        record.unlink(missing_ok=True)
+        # A name a live process still maps (an engine process the reaper has not killed yet) keeps the record
+        # for a later sweep: dropped now, nothing would know the name once that process is gone.
+        if not any(os.path.exists(p) for p in paths):
+            record.unlink(missing_ok=True)
     return removed
 
 
