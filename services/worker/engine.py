@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from services.worker.config import WorkerConfig
 
 # How a standalone engine or worker moves P/D KV unless told otherwise (`worker --kv-transfer`): pull, which works
-# whatever address the side channel binds. `up` (one host) defaults to push (cli/graph_spec.py, docs/measuring.md "Pull or
-# push": measured better here).
+# whatever address the side channel binds and keeps the decode engine's core free of a NIXL progress thread; `up`
+# pulls too (cli/graph_spec.py, docs/measuring.md "Pull or push").
 DEFAULT_KV_TRANSFER: KvTransferMode = "pull"
 KV_TRANSFER_MODES: tuple[KvTransferMode, ...] = ("pull", "push")
 
