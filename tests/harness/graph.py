@@ -153,6 +153,11 @@ async def worker_infos(router: str) -> dict[str, tuple[WorkerInfo, WorkerStats]]
     return out
 
 
+def worker_ids(router: str) -> set[str]:
+    """The workers the router lists, without asking each of them (a dying one may not answer)."""
+    return {info.worker_id for info in asyncio.run(list_workers(router)).workers}
+
+
 def worker_stats(router: str) -> dict[str, WorkerStats]:
     return {wid: stats for wid, (_, stats) in asyncio.run(worker_infos(router)).items()}
 
