@@ -92,7 +92,10 @@ class Answers:
                         if not resp.started:
                             resp.start(200, b"text/event-stream")
                             await resp.write(shape.first_chunk(body.n))
-                        if (text or part is not None) and tools is None:
+                        # A chunk for every output that carries tokens, its text empty or not (a token that
+                        # decodes to nothing, text held back for a stop string), as vLLM streams them: a client
+                        # counting chunks, or timing tokens, sees each one when it is made.
+                        if (text or part is not None or out.token_ids) and tools is None:
                             so_far = None if not continuous_usage else {
                                 "prompt_tokens": len(token_ids), "completion_tokens": num_output,
                                 "total_tokens": len(token_ids) + num_output}

@@ -49,6 +49,17 @@ def test_logit_bias_makes_every_token_that_token(mock_pd: Graph) -> None:
     assert metric(mock_pd, REMOTE) == remote + 1  # the first token came from the prefill worker, biased too
 
 
+def test_a_token_that_decodes_to_no_text_still_streams_its_chunk(mock_pd: Graph) -> None:
+    # Byte 0xA0 alone is not UTF-8: the detokenizer holds it back and each token's text is "". vLLM still streams
+    # a chunk per token; splitserve sent none, so a client saw nothing until the finish (and timed it as one gap).
+    assert token_text(100) == "\ufffd"
+    chunks = list(client(mock_pd).completions.create(model=MODEL, prompt=LONG, max_tokens=5, stream=True,
+                                                     logit_bias={"100": 100}, seed=5))
+    tokens = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason is None]
+    assert [c.text for c in tokens] == [""] * 5
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
 def test_controls_and_logprobs_pd_equals_aggregated_streamed_equals_whole(mock_pd: Graph, mock_agg: Graph) -> None:
     plain, _, _ = completion(mock_agg, LONG[1:], max_tokens=12, seed=9)
     fields = {"max_tokens": 12, "seed": 9, "logprobs": 3, "logit_bias": {"77": 100, "78": -100},
