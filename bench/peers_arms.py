@@ -34,6 +34,9 @@ PREFILL_CORE, DECODE_CORE = 0, 1
 # CPU_DEFAULTS, config.py engine_process_env): the "alike" vLLM arms get the same.
 ALIKE_ARGS = ("--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "--worker-extension-cls", NIXL_FIX)
 ALIKE_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
+# A splitserve prefill engine's own CPU defaults (engine.py PREFILL_CPU_DEFAULTS, since 2026-12-07): the alike
+# vLLM P/D's prefill server gets them too.
+ALIKE_PREFILL_ARGS = ("--max-num-batched-tokens", "512", "--long-prefill-token-threshold", "256")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ ARMS = {a.name: a for a in (
     Arm("ss-pd-early", "splitserve", "splitserve P/D, `up` defaults but the first token streamed as soon as the "
         "prefill worker has it (--first-token prefill, the default before issue 29)", True,
         ("--prefill", "1", "--decode", "1", "--first-token", "prefill")),
+    Arm("ss-pd-float", "splitserve", "splitserve P/D, `up` defaults but the frontend and router not pinned to the "
+        "prefill engine's core (--no-pin-control-plane: the kernel places them, as vLLM's decode server detokenizes "
+        "on the decode core)", True, ("--prefill", "1", "--decode", "1", "--no-pin-control-plane")),
     Arm("ss-pd-pull", "splitserve", "splitserve P/D, `up` defaults but KV pulled by the decode engine (--kv-transfer pull, as "
         "vLLM's NixlConnector)", True, ("--prefill", "1", "--decode", "1"), kv_transfer="pull"),
     Arm("ss-pd-remote", "splitserve", "splitserve P/D, every prompt prefilled remotely (--local-prefill-max-tokens 0)",
@@ -157,7 +163,8 @@ def _vllm(arm: Arm, model: Path, dtype: str, log_dir: Path, index: int, num_bloc
     try:
         for core in (PREFILL_CORE, DECODE_CORE):
             side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
-            servers.append(start_vllm_server(log_dir, model, *engine, core=core, served_name=name,
+            own = ALIKE_PREFILL_ARGS if arm.alike and arm.pd and core == PREFILL_CORE else ()
+            servers.append(start_vllm_server(log_dir, model, *engine, *own, core=core, served_name=name,
                                              env={**env, **side}))
         for server in servers:
             server.wait_ready(300.0)

@@ -70,6 +70,9 @@ CPU_ENGINE_EXIT_GRACE_S = 1.0
 # seconds), and the batch limits measured on these machines (docs/architecture.md#engines). On GPUs vLLM's own
 # defaults apply: compiled mode with CUDA graphs, its batch sizes per device.
 CPU_DEFAULTS: dict[str, Any] = {"enforce_eager": True, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+# A CPU prefill engine's, where the user set no batch size: a short prompt waited out a long one's 2,048-token
+# step (~2.9 s here); 512-token steps, a prompt taking at most 256 while another waits (docs/measuring.md long-mix).
+PREFILL_CPU_DEFAULTS: dict[str, Any] = {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 256}
 # What `settings()` reads back from a running engine's VllmConfig: (config section, field) by our name.
 _SETTINGS = {
     "max_model_len": ("model_config", "max_model_len"), "dtype": ("model_config", "dtype"),
@@ -171,7 +174,8 @@ class VllmEngine(VllmAdapters):
 
         cfg = self.config
         on_cuda = _has_cuda()
-        defaults = {} if on_cuda else CPU_DEFAULTS
+        prefill = cfg.kv_role == "prefill" and cfg.max_num_batched_tokens is None
+        defaults = {} if on_cuda else {**CPU_DEFAULTS, **(PREFILL_CPU_DEFAULTS if prefill else {})}
         kwargs: dict[str, Any] = {
             "model": str(cfg.model),
             "dtype": self._dtype.dtype,
@@ -188,6 +192,8 @@ class VllmEngine(VllmAdapters):
                 value = defaults.get(name)
             if value is not None:
                 kwargs[name] = value
+        if "long_prefill_token_threshold" in defaults:
+            kwargs["long_prefill_token_threshold"] = defaults["long_prefill_token_threshold"]
         # The user's engine arguments win over every default above (the shared ones, dtype, block size, batch
         # limits, arrive as the config's own fields: cli/cmd_worker.py lifts them).
         kwargs.update({**lora_engine_kwargs(cfg.lora_modules), **cfg.engine_args})

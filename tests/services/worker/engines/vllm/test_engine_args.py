@@ -71,7 +71,8 @@ def _kwargs(monkeypatch, on_cuda: bool, **config):
     from services.worker.engines.vllm.config import VllmEngineConfig
 
     monkeypatch.setattr(engine, "_has_cuda", lambda: on_cuda)
-    return engine.VllmEngine(VllmEngineConfig(model=Path("m"), kv_role=None, kv_events=False, **config))._engine_kwargs()
+    config = {"kv_role": None, **config}
+    return engine.VllmEngine(VllmEngineConfig(model=Path("m"), kv_events=False, **config))._engine_kwargs()
 
 
 def test_on_cpu_eager_and_the_measured_batch_limits_unless_the_user_says(monkeypatch) -> None:
@@ -80,6 +81,20 @@ def test_on_cpu_eager_and_the_measured_batch_limits_unless_the_user_says(monkeyp
     assert "max_model_len" not in kwargs  # the model's full context, vLLM's default
     kwargs = _kwargs(monkeypatch, False, engine_args={"enforce_eager": False, "max_model_len": 32768}, max_num_seqs=8)
     assert (kwargs["enforce_eager"], kwargs["max_model_len"], kwargs["max_num_seqs"]) == (False, 32768, 8)
+
+
+def test_a_cpu_prefill_engine_takes_short_steps_and_caps_a_long_prompt_unless_the_user_sets_the_batch(
+        monkeypatch) -> None:
+    kwargs = _kwargs(monkeypatch, False, kv_role="prefill")
+    assert (kwargs["max_num_batched_tokens"], kwargs["long_prefill_token_threshold"]) == (512, 256)
+    kwargs = _kwargs(monkeypatch, False, kv_role="decode")
+    assert kwargs["max_num_batched_tokens"] == 2048 and "long_prefill_token_threshold" not in kwargs
+    # The user's batch size: none of ours (a 256-token cap under a 16k budget would starve a long prompt).
+    kwargs = _kwargs(monkeypatch, False, kv_role="prefill", max_num_batched_tokens=16384)
+    assert kwargs["max_num_batched_tokens"] == 16384 and "long_prefill_token_threshold" not in kwargs
+    kwargs = _kwargs(monkeypatch, False, kv_role="prefill", engine_args={"long_prefill_token_threshold": 64})
+    assert (kwargs["max_num_batched_tokens"], kwargs["long_prefill_token_threshold"]) == (512, 64)
+    assert "long_prefill_token_threshold" not in _kwargs(monkeypatch, True, kv_role="prefill")
 
 
 def test_on_gpus_vllms_defaults_compiled_with_cuda_graphs(monkeypatch) -> None:
