@@ -117,6 +117,11 @@ class PeerOutbox:
         if self._handle is None:
             self._handle = asyncio.get_running_loop().call_soon(self.flush)
 
+    def full(self, identity: bytes) -> bool:
+        """Whether ``identity``'s producers must await ``room`` before their next put (rarely: the hot path
+        checks this and skips the await)."""
+        return self._over(identity)
+
     def _over(self, identity: bytes) -> bool:
         return (identity in self._blocked
                 and (len(self._pending.get(identity, ())) >= self.limits.max_messages

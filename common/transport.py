@@ -27,6 +27,7 @@ from common.errors import ProtocolError, RemoteError, TransportTimeout
 from common.loop_socket import LoopSocket
 from common.protocol import ErrorReply, Message
 from common.security import CurveKeys, SecureContext, secure_client, secure_server
+from common.stream_inbox import Coalesce, StreamInbox
 
 log = structlog.get_logger(__name__)
 
@@ -229,7 +230,7 @@ class Client:
         self._sock.connect(endpoint)
         self._loop_sock = LoopSocket(self._sock)  # see Server
         self._waiters: dict[str, asyncio.Future[Message]] = {}
-        self._streams: dict[str, asyncio.Queue[Message]] = {}
+        self._streams: dict[str, StreamInbox] = {}
         self._on_unsolicited = on_unsolicited
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -332,12 +333,12 @@ class Client:
         finally:
             self._waiters.pop(request_id, None)
 
-    def open_stream(self, request_id: str) -> asyncio.Queue[Message]:
-        """Every message for ``request_id`` lands in the returned queue until ``close_stream``."""
+    def open_stream(self, request_id: str, coalesce: Coalesce | None = None) -> StreamInbox:
+        """Every message for ``request_id`` lands in the returned inbox until ``close_stream``; ``coalesce`` may
+        join one into the one queued before it (stream_inbox.py)."""
         self.start()
-        queue: asyncio.Queue[Message] = asyncio.Queue()
-        self._streams[request_id] = queue
-        return queue
+        inbox = self._streams[request_id] = StreamInbox(coalesce)
+        return inbox
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

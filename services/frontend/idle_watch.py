@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from common.stream_inbox import StreamInbox
+
 SILENT: Any = object()  # what the watch puts into the queue: the worker was silent for timeout_s
 
 
 class IdleWatch:
     __slots__ = ("_loop", "_queue", "_timeout_s", "_timer", "waiting_since")
 
-    def __init__(self, queue: asyncio.Queue[Any], timeout_s: float) -> None:
+    def __init__(self, queue: StreamInbox, timeout_s: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue = queue
         self._timeout_s = timeout_s

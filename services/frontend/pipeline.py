@@ -37,6 +37,7 @@ from common.protocol import (
 )
 from common import tracing
 from common.router_set import RouterSet
+from common.tokens_merge import merged
 from common.transport import Client, TransportConfig, new_id, open_context
 from services.frontend.idle_watch import SILENT, IdleWatch
 from services.frontend.metrics import FrontendMetrics
@@ -309,7 +310,8 @@ class Pipeline:
 
     async def _stream(self, client: Client, msg: Generate, idle_timeout_s: float | None = None) -> AsyncIterator[Tokens]:
         timeout_s = idle_timeout_s or self.config.stream_idle_timeout_s
-        queue = client.open_stream(msg.request_id)
+        # Slices that queue while this stream waits its turn come up as one (tokens_merge.py).
+        queue = client.open_stream(msg.request_id, merged)
         finished = False
         watch = IdleWatch(queue, timeout_s)
         loop = asyncio.get_running_loop()

@@ -291,7 +291,8 @@ class WorkerService:
                     num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
                     kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
                     logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
-                await self._outbox.room(identity)  # a frontend that reads slowly pauses its requests' output
+                if self._outbox.full(identity):  # a frontend that reads slowly pauses its requests' output
+                    await self._outbox.room(identity)
                 self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
         except PeerStalled as exc:
             # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.

@@ -24,6 +24,7 @@ import structlog
 
 from common.errors import EngineError
 from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
+from common.stream_inbox import StreamInbox
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
 from services.worker.engines.mock.adapters import AdapterNames
 from services.worker.engines.mock.admission import as_continuation, seq_spec
@@ -43,7 +44,7 @@ log = structlog.get_logger(__name__)
 @dataclass(slots=True)
 class _Live:
     request: EngineRequest
-    queue: asyncio.Queue[EngineOutput | BaseException]
+    queue: StreamInbox  # of EngineOutput | BaseException
     num_cached_tokens: int = 0
     emitted: bool = False
     # Its KV pull failed (--mock-nixl) and the prompt is recomputed here: its first output says so.
@@ -118,7 +119,7 @@ class MockEngine(AdapterNames):
                 self._onboards[request_id] = onboard
         if request_id in self._live:
             raise EngineError(f"request {request_id!r} is already running")
-        live = _Live(request=request, queue=asyncio.Queue())
+        live = _Live(request=request, queue=StreamInbox())
         self._live[request_id] = live
         self._scheduler.add(spec)
         self._wakeup.set()

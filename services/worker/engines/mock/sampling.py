@@ -55,6 +55,9 @@ def next_token(token_ids: Sequence[int], num_outputs: int, sampling: SamplingPar
     """The token after ``token_ids`` (of which the last ``num_outputs`` are outputs) and, when asked, its
     logprobs."""
     hashed = next_token_id(token_ids, sampling.seed, config)
+    if not sampling.logit_bias and sampling.logprobs is None and (
+            num_outputs >= sampling.min_tokens or not sampling.stop_token_ids):
+        return hashed, None  # nothing reshapes the modelled distribution: its likeliest token, as below
     masked = frozenset(sampling.stop_token_ids) if num_outputs < sampling.min_tokens else frozenset()
     scores = _scores(hashed, sampling.logit_bias, masked)
     if scores and max(scores.values()) >= 0.0:
