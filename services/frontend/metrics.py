@@ -13,6 +13,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from common.loop_metrics import LoopCounter, LoopHistogram
+
 # Fine enough around usual SLOs (ITL 20-100 ms, TTFT 0.2-2 s) that the planner's p90 (interpolated inside a
 # bucket, as Prometheus' histogram_quantile does) is within ~10% of the true one.
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125,
@@ -31,26 +33,25 @@ class FrontendMetrics:
         self.requests = Counter("splitserve_frontend_requests", "HTTP requests answered",
                                 ["endpoint", "status"], registry=r)
         self.inflight = Gauge("splitserve_frontend_inflight_requests", "Generate requests in flight", registry=r)
-        self.ttft_seconds = Histogram("splitserve_frontend_ttft_seconds", "Time to first token",
-                                      buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.itl_seconds = Histogram("splitserve_frontend_itl_seconds", "Inter-token latency",
-                                     buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.e2e_seconds = Histogram("splitserve_frontend_request_seconds", "Request latency, end to end",
-                                     buckets=_LATENCY_BUCKETS_S, registry=r)
+        # Observed several times a request (ITL once per output): the loop's own kind (common/loop_metrics.py).
+        self.ttft_seconds = LoopHistogram("splitserve_frontend_ttft_seconds", "Time to first token",
+                                          _LATENCY_BUCKETS_S, r)
+        self.itl_seconds = LoopHistogram("splitserve_frontend_itl_seconds", "Inter-token latency",
+                                         _LATENCY_BUCKETS_S, r)
+        self.e2e_seconds = LoopHistogram("splitserve_frontend_request_seconds", "Request latency, end to end",
+                                         _LATENCY_BUCKETS_S, r)
         # Counted when a request arrives: the planner reads the incoming mix (rate, ISL distribution), not only
         # what finished. Buckets in tokens; _count is the arrivals, _sum their prompt tokens.
-        self.arrival_prompt_tokens = Histogram("splitserve_frontend_arrival_prompt_tokens",
-                                               "Prompt tokens of the requests received", buckets=_ISL_BUCKETS,
-                                               registry=r)
+        self.arrival_prompt_tokens = LoopHistogram("splitserve_frontend_arrival_prompt_tokens",
+                                                   "Prompt tokens of the requests received", _ISL_BUCKETS, r)
         # max_tokens of the arrivals that set one (a client that sets none asks for the rest of the context,
         # which says nothing of its answer): the planner reads the decode load coming before it runs.
-        self.arrival_max_tokens = Histogram("splitserve_frontend_arrival_max_tokens",
-                                            "max_tokens of the requests received that set one",
-                                            buckets=_ISL_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("splitserve_frontend_prompt_tokens", "Prompt tokens", registry=r)
-        self.cached_tokens = Counter("splitserve_frontend_cached_prompt_tokens",
-                                     "Prompt tokens served from a prefix cache", registry=r)
-        self.output_tokens = Counter("splitserve_frontend_output_tokens", "Generated tokens", registry=r)
+        self.arrival_max_tokens = LoopHistogram("splitserve_frontend_arrival_max_tokens",
+                                                "max_tokens of the requests received that set one", _ISL_BUCKETS, r)
+        self.prompt_tokens = LoopCounter("splitserve_frontend_prompt_tokens", "Prompt tokens", r)
+        self.cached_tokens = LoopCounter("splitserve_frontend_cached_prompt_tokens",
+                                         "Prompt tokens served from a prefix cache", r)
+        self.output_tokens = LoopCounter("splitserve_frontend_output_tokens", "Generated tokens", r)
         self.cancelled = Counter("splitserve_frontend_cancelled_requests", "Requests whose client hung up",
                                  registry=r)
         self.prefill_decisions = Counter("splitserve_frontend_prefill_decisions",

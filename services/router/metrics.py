@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from common.protocol import WorkerInfo, WorkerLoad
@@ -11,6 +13,8 @@ class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.routes = Counter("splitserve_router_routes", "Route decisions", ["prefill"], registry=r)
+        self._routes: dict[str, Any] = {}  # observe_route's labelled children
+        self._predicted: dict[tuple[str, str], Any] = {}
         self.routes_failed = Counter("splitserve_router_routes_failed", "Routes with no worker", registry=r)
         self.decision_seconds = Histogram(
             "splitserve_router_decision_seconds", "Time to hash, look up and choose", registry=r,
@@ -83,7 +87,11 @@ class RouterMetrics:
                                     ["worker_id"], registry=r)
 
     def observe_route(self, choice, num_blocks: int, seconds: float) -> None:
-        self.routes.labels(prefill="remote" if choice.prefill_worker_id else "local").inc()
+        where = "remote" if choice.prefill_worker_id else "local"
+        routes = self._routes.get(where)  # a labelled child looked up once, not per route (a lock and a tuple each)
+        if routes is None:
+            routes = self._routes[where] = self.routes.labels(prefill=where)
+        routes.inc()
         self.decision_seconds.observe(seconds)
         self.request_blocks.inc(num_blocks)
         # Credits as the cost function sees them, in blocks' worth of prefill: a device block 1, a host or disk
@@ -91,8 +99,12 @@ class RouterMetrics:
         self.predicted_hit_blocks.inc(choice.decode.overlap_blocks)
         self.best_overlap_blocks.inc(choice.decode.best_overlap_blocks)
         if choice.predicted_s > 0:
-            self.predicted_prefill_seconds.labels(where="remote" if choice.prefill_worker_id else "local",
-                                                  relation=choice.relation).observe(choice.predicted_s)
+            key = (where, choice.relation)
+            predicted = self._predicted.get(key)
+            if predicted is None:
+                predicted = self._predicted[key] = self.predicted_prefill_seconds.labels(where=where,
+                                                                                         relation=choice.relation)
+            predicted.observe(choice.predicted_s)
 
     def observe_load(self, worker_id: str, load: WorkerLoad) -> None:
         self.worker_free_blocks.labels(worker_id=worker_id).set(load.num_free_blocks)
