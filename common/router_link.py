@@ -54,6 +54,7 @@ class EventsSocket:
     def __init__(self, ctx: zmq.asyncio.Context, config: TransportConfig) -> None:
         self._ctx, self._config = ctx, config
         self._sock: zmq.asyncio.Socket | None = None
+        self._plain: zmq.Socket | None = None  # the same socket, off pyzmq's asyncio layer
         self._endpoint_of: dict[str, str] = {}  # router endpoint -> its events endpoint we dialed
 
     def connect(self, router: str, events_endpoint: str) -> None:
@@ -66,6 +67,9 @@ class EventsSocket:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self._config.hwm)
             secure_client(sock, self._config.toward("router").curve)
+            # Sends through the plain socket: pyzmq's asyncio one makes a future per send (and would hold a
+            # failed send's error in it, unread).
+            self._plain = zmq.Socket.shadow(sock.underlying)
         old = self._endpoint_of.pop(router, None)
         if old is not None and old not in self._endpoint_of.values():
             try:
@@ -82,10 +86,10 @@ class EventsSocket:
 
     def send(self, data: bytes) -> bool:
         """Publish without blocking; False when dropped (no router yet, or the queue is full)."""
-        if self._sock is None:
+        if self._sock is None or self._plain is None:
             return False
         try:
-            self._sock.send(data, flags=zmq.NOBLOCK)
+            self._plain.send(data, zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -93,7 +97,7 @@ class EventsSocket:
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close(linger=0)
-            self._sock = None
+            self._sock = self._plain = None
         self._endpoint_of.clear()
 
 

@@ -32,7 +32,7 @@ class Choices:
         self._token_ids = token_ids
         self._sampling = sampling
         self._n = n
-        self._queue: asyncio.Queue[tuple[int, Tokens | BaseException | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, Tokens | BaseException | None]] | None = None  # n > 1 only
         self._decoding: asyncio.Future[Route | None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._open: set[int] = set()
@@ -49,6 +49,7 @@ class Choices:
                     if not self._open:
                         return  # stop(0): closing the stream aborts the request on its worker
             return
+        self._queue = asyncio.Queue()
         self._decoding = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._choice(i)) for i in range(self._n)]
         try:
@@ -79,7 +80,7 @@ class Choices:
             self._decoding.set_result(route)
 
     async def _choice(self, index: int) -> None:
-        assert self._decoding is not None
+        assert self._decoding is not None and self._queue is not None
         route = None
         request_id, sampling = self._request_id, self._sampling
         if index > 0:

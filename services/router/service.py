@@ -10,29 +10,15 @@ import time
 from dataclasses import dataclass, field
 
 import structlog
-import zmq.asyncio
 
 from common import protocol, tracing
 from common.addresses import advertised_events
 from common.errors import NoWorkerError, ProtocolError, RegistrationRefused
 from common.hashing import adapter_seed, block_hashes
+from common.loop_socket import LoopSocket
 from common.protocol import (
-    ErrorReply,
-    Heartbeat,
-    KvEvents,
-    KvSnapshot,
-    KvSnapshotRequest,
-    ListWorkers,
-    Message,
-    RegisterAck,
-    RegisterTier,
-    RegisterWorker,
-    Route,
-    RouteRequest,
-    RoleSet,
-    SetRole,
-    Unregister,
-    WorkerRef,
+    ErrorReply, Heartbeat, KvEvents, KvSnapshot, KvSnapshotRequest, ListWorkers, Message, RegisterAck, RegisterTier,
+    RegisterWorker, Route, RouteRequest, RoleSet, SetRole, Unregister, WorkerRef,
 )
 from common.router_link import bind_events_subscriber
 from common.security import client_kinds
@@ -127,7 +113,8 @@ class RouterService:
         loop = asyncio.get_running_loop()
         snapshots = ask_snapshots(self.index.tracker, self._snapshot_due, self.config.snapshot_retry_s,
                                   self._ask_snapshot)
-        background = [loop.create_task(self._reap_loop()), loop.create_task(self._events_loop(sub)),
+        events = LoopSocket(sub)  # read off pyzmq's asyncio layer (a future and two ZMQ_EVENTS checks a message)
+        background = [loop.create_task(self._reap_loop()), loop.create_task(self._events_loop(events)),
                       loop.create_task(snapshots), loop.create_task(self.roles.run())]
         log.info("router_ready", endpoint=self.endpoint, policy=self.config.policy.policy)
         if ready is not None:
@@ -137,6 +124,7 @@ class RouterService:
         finally:
             for task in background:
                 task.cancel()
+            events.close()
             sub.close(linger=0)
             self._server.close()
             secure.close()
@@ -311,7 +299,7 @@ class RouterService:
         elif entry is not None and self.pending is not None:
             self.pending.record(worker_id, hashes)
 
-    async def _events_loop(self, sub: zmq.asyncio.Socket) -> None:
+    async def _events_loop(self, sub: LoopSocket) -> None:
         read_keys = self.config.transport.curve is not None
         while True:
             key = ""
