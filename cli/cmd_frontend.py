@@ -55,6 +55,10 @@ def frontend(
                                                        "order"),
     router_endpoint: str = typer.Option(DEFAULT_ROUTER, "--router", envvar="SPLITSERVE_ROUTER",
                                         help="Router endpoint, or several replicas comma-separated (any live one answers)"),
+    router_inside: str = typer.Option("", help="Host a router replica in this process, with these `splitserve "
+                                      "router` options (\"--endpoint tcp://127.0.0.1:5555 --policy kv\"), and route "
+                                      "through it without a message; workers and kvtier list its endpoint in their "
+                                      "--router like any replica's (`up --router-in-frontend`)"),
     host: str = typer.Option("127.0.0.1", envvar="SPLITSERVE_HOST"),
     port: int = typer.Option(8000, envvar="SPLITSERVE_PORT"),
     max_body_mib: float = MaxBodyMib,
@@ -120,6 +124,8 @@ def frontend(
         raise typer.BadParameter("--enable-auto-tool-choice needs --tool-call-parser", param_hint="--tool-call-parser")
     admission = admission_config(max_inflight, max_queued, max_queue_wait_s, ttft_budgets, default_ttft_budget_s,
                                  tenant_weights, reserved_inflight, reserved_max_priority)
+    if router_inside and processes > 1:
+        raise typer.BadParameter("one process hosts one router replica: --processes 1", param_hint="--router-inside")
     if processes > 1 and index is None:  # the supervisor: no tokenizer or sockets of its own
         raise typer.Exit(supervise(processes))
     configure_tracing(otlp_traces_endpoint, "frontend")
@@ -144,6 +150,23 @@ def frontend(
         tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
         enable_auto_tool_choice=enable_auto_tool_choice,
         extra_models=tuple(FrontendModel(n[0], r.path, n[1:]) for r, n in zip(refs[1:], all_names[1:])))
-    service = FrontendService(config)
+    service = FrontendService(config, *_hosted_router(router_inside, curve_dir))
     settle_heap()  # what startup built stays for good: no collection walks it again
     run_service(service.run)
+
+
+def _hosted_router(options: str, curve_dir: Path | None) -> tuple:
+    """(the LocalRouter to route through, (the replica's run,)) for ``--router-inside``; () without it."""
+    if not options:
+        return ()
+    import shlex
+
+    from cli.cmd_router import router_config_of
+    from common.local_router import LocalRouter
+    from services.router.service import RouterService
+
+    args = shlex.split(options)
+    if curve_dir is not None and "--curve-dir" not in args:  # the replica loads the router's keys from the same root
+        args += ["--curve-dir", str(curve_dir)]
+    replica = RouterService(router_config_of(args))
+    return LocalRouter(replica.local), (replica.run,)

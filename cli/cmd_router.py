@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -23,6 +24,7 @@ from services.router.defaults import LOCAL_PREFILL_MAX_STALL_S, LOCAL_PREFILL_MA
 
 if TYPE_CHECKING:
     from services.router.cost import CostConfig
+    from services.router.service import RouterConfig
     from services.router.tier_credit import TierConfig
 
 
@@ -84,13 +86,40 @@ def router(
     """Run the router: registry, prefix index, route decisions."""
     if ctx.invoked_subcommand is not None:
         return  # `router set-role ...`: the subcommand acts
-    from services.router.policy import PolicyConfig
-    from services.router.service import RouterConfig, RouterService
-
-    from common.addresses import check_advertised, default_events_bind
+    from services.router.service import RouterService
 
     configure_logging(log_level, log_json, "router")
     configure_tracing(otlp_traces_endpoint, "router")
+    params = {k: v for k, v in locals().items() if k in _CONFIG_PARAMS}
+    run_service(RouterService(router_config(**params)).run)
+
+
+def router_config_of(args: list[str]) -> RouterConfig:
+    """The config `splitserve router ARGS` runs with, for a router inside another process (`frontend
+    --router-inside`): the same options, parsed by this command."""
+    import typer.main
+
+    app = typer.Typer(add_completion=False)
+    app.command()(router)
+    parsed = typer.main.get_command(app).make_context("router", list(args)).params
+    return router_config(**{k: v for k, v in parsed.items() if k in _CONFIG_PARAMS})
+
+
+def router_config(endpoint: str, policy: str, local_prefill_max_tokens: int, local_prefill_max_stall_ms: float,
+                  events_endpoint: str, events_advertise: str, heartbeat_timeout_s: float, metrics_port: int,
+                  metrics_host: str, prefill_weight: float | None, queue_weight: float | None,
+                  busy_threshold: float | None, cost_profile: Path | None, prefill_tokens_per_s: float | None,
+                  local_prefill_factor: float | None, queue_aware_local: bool, same_node_bytes_per_s: float | None,
+                  same_zone_bytes_per_s: float | None, cross_zone_bytes_per_s: float | None,
+                  same_node_latency_s: float | None, same_zone_latency_s: float | None,
+                  cross_zone_latency_s: float | None, link_min_samples: int | None,
+                  host_tier_bytes_per_s: float | None, disk_tier_bytes_per_s: float | None,
+                  curve_dir: Path | None) -> RouterConfig:
+    from services.router.policy import PolicyConfig
+    from services.router.service import RouterConfig
+
+    from common.addresses import check_advertised, default_events_bind
+
     address_checked(check_advertised, events_advertise, "--events-advertise")
     events_bind = events_endpoint or address_checked(default_events_bind, endpoint)
     links = {k: v for k, v in (("same_node_bytes_per_s", same_node_bytes_per_s),
@@ -117,7 +146,11 @@ def router(
                                                                    ("queue_weight", queue_weight),
                                                                    ("busy_threshold", busy_threshold))
                                                  if v is not None}))
-    run_service(RouterService(config).run)
+    return config
+
+
+# router()'s options that make its RouterConfig (the rest: logging and tracing, set up by the process).
+_CONFIG_PARAMS = frozenset(inspect.signature(router_config).parameters)
 
 
 def _tier_config(profile: Path | None, host_bytes_per_s: float | None,

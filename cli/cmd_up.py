@@ -130,6 +130,9 @@ def up(
     router_policy: str = typer.Option("kv", rich_help_panel=ROUTING),
     routers: int = typer.Option(1, min=1, help="Router replicas (each fed by every worker; frontends use any live one)",
                                 rich_help_panel=ROUTING),
+    router_in_frontend: bool = typer.Option(False, help="Each frontend hosts a router replica in its own process and "
+                                            "routes without a message (no router process; --routers ignored)",
+                                            rich_help_panel=ROUTING),
     local_prefill_max_tokens: int = typer.Option(LOCAL_PREFILL_MAX_TOKENS, rich_help_panel=ROUTING),
     local_prefill_max_stall_ms: float = typer.Option(LOCAL_PREFILL_MAX_STALL_S * 1e3, help="A streaming decode "
                                                      "worker prefills locally only within this stall",
@@ -280,7 +283,7 @@ def up(
         # A planner may grow the pools to max_workers: leave their cores to them.
         frontends = frontends_that_fit(len(os.sched_getaffinity(0)),
                                        planner_spec.max_workers if planner else num_workers,
-                                       routers + (0 if no_kvtier else 1))
+                                       (0 if router_in_frontend else routers) + (0 if no_kvtier else 1))
     limits = HttpLimits(max_body_mib=max_body_mib, max_header_kib=max_header_kib, header_timeout_s=header_timeout_s,
                         body_timeout_s=body_timeout_s, keepalive_timeout_s=keepalive_timeout_s,
                         max_connections=max_connections)
@@ -295,6 +298,7 @@ def up(
                      kvtier_metrics_port=kvtier_metrics_port, dtype=dtype, kv_transfer=kv_transfer, host=host,
                      port=port,
                      router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,
+                     router_in_frontend=router_in_frontend,
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      router_link_min_samples=router_link_min_samples,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,

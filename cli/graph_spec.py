@@ -68,6 +68,9 @@ class GraphSpec:
     num_aggregated: int = 0
     router_policy: str = "kv"
     num_routers: int = 1  # replicas; each worker and kvtier registers with every one
+    # Each frontend hosts a router replica in its own process (`frontend --router-inside`) and routes without a
+    # message; num_routers is then ignored: one replica a frontend, no router process.
+    router_in_frontend: bool = False
     local_prefill_max_tokens: int = LOCAL_PREFILL_MAX_TOKENS
     local_prefill_max_stall_ms: float = LOCAL_PREFILL_MAX_STALL_S * 1e3
     block_size: int = 32

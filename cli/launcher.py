@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -83,14 +84,16 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
         log.info("making_tiny_model", path=str(model))
         make_tiny_model(model)
     # Router replicas: everyone else gets the comma-separated list (workers and kvtier feed each, frontends use any).
+    num_routers = spec.num_frontends if spec.router_in_frontend else spec.num_routers
     router_endpoints = [f"tcp://127.0.0.1:{spec.router_port or free_port()}"]
-    router_endpoints += [f"tcp://127.0.0.1:{free_port()}" for _ in range(spec.num_routers - 1)]
+    router_endpoints += [f"tcp://127.0.0.1:{free_port()}" for _ in range(num_routers - 1)]
     router = ",".join(router_endpoints)
     common = ["--log-level", spec.log_level] + (["--log-json"] if spec.log_json else [])
     if curve_root is not None:  # each child loads its own <service>/ from the root
         common += ["--curve-dir", str(curve_root)]
         log.info("curve_on", keys=str(curve_root), fresh=spec.curve)
-    commands = [router_command(spec, endpoint, i) for i, endpoint in enumerate(router_endpoints)]
+    routers = [router_command(spec, endpoint, i) for i, endpoint in enumerate(router_endpoints)]
+    commands = [] if spec.router_in_frontend else list(routers)
     # One kvtier for every engine (vLLM workers reach it through our KV connector).
     kvtier = f"tcp://127.0.0.1:{free_port()}" if spec.kvtier else ""
     if kvtier:
@@ -98,6 +101,8 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
     workers = worker_commands(spec, model, router, kvtier)
     commands += workers
     frontends = frontend_commands(spec, model, router)
+    if spec.router_in_frontend:  # frontend i hosts replica i (its options as `splitserve router` takes them)
+        frontends = [[*cmd, "--router-inside", shlex.join(r[1:])] for cmd, r in zip(frontends, routers)]
     commands += frontends
     planner_events = f"tcp://127.0.0.1:{free_port()}" if spec.planner is not None else ""
     if planner_events:

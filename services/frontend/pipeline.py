@@ -36,6 +36,7 @@ from common.protocol import (
     WorkerStats,
 )
 from common import tracing
+from common.local_router import LocalRouter
 from common.router_set import RouterSet
 from common.tokens_merge import merged
 from common.transport import Client, TransportConfig, new_id, open_context
@@ -87,13 +88,14 @@ class _Prefilled:
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, metrics: FrontendMetrics) -> None:
+    def __init__(self, config: PipelineConfig, metrics: FrontendMetrics, router: LocalRouter | None = None) -> None:
+        """``router``: a router replica in this process to ask instead of ``config.router_endpoint``'s."""
         self.config = config
         self.metrics = metrics
         self._secure = open_context(config.transport)
         self._ctx = self._secure.ctx
-        self._router = RouterSet(self._ctx, config.router_endpoint, config.transport,
-                                 failover_s=config.router_failover_s)
+        self._router: RouterSet | LocalRouter = router or RouterSet(
+            self._ctx, config.router_endpoint, config.transport, failover_s=config.router_failover_s)
         self._workers: dict[str, Client] = {}
         self._missing_polls: dict[str, int] = {}
         self._instances: dict[str, str] = {}  # endpoint -> the worker instance last listed there (worker_watch.py)

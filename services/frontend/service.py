@@ -16,6 +16,7 @@ import orjson
 import structlog
 
 from common.errors import SplitserveError
+from common.local_router import LocalRouter
 from common.transport import new_id
 from services.frontend import utility_api
 from services.frontend.admission import AdmissionConfig
@@ -28,6 +29,7 @@ from services.frontend.context import offload_tokenization, served_context_len, 
 from services.frontend.dashboard import Dashboard
 from services.frontend.echo import Echo, chat_echo, completion_echo
 from services.frontend.health import PoolCounts, count_pools, judge_health
+from services.frontend.hosted import Hosted, serve_beside, start_hosted, stop_hosted
 from services.frontend.http import HttpConfig, Request, Response, serve
 from services.frontend.loop_lag import watch_loop_lag
 from services.frontend.metrics import FrontendMetrics
@@ -94,10 +96,14 @@ class FrontendConfig:
 
 
 class FrontendService:
-    def __init__(self, config: FrontendConfig) -> None:
+    def __init__(self, config: FrontendConfig, router: LocalRouter | None = None,
+                 hosted: tuple[Hosted, ...] = ()) -> None:
+        """``router``: a router replica in this process to route through; ``hosted``: services run in this loop
+        before it serves (that replica's ``run``), each setting its event once ready."""
         self.config = config
         self.metrics = FrontendMetrics()
-        self.pipeline = Pipeline(config.pipeline, self.metrics)
+        self.pipeline = Pipeline(config.pipeline, self.metrics, router)
+        self._hosted = hosted
         self.dashboard = Dashboard(config.model_name, self.pipeline, self.metrics)
         models = (FrontendModel(config.model_name, config.model_dir, config.model_aliases), *config.extra_models)
         self._served_models = ServedModels(tuple(ServedModel(m.name, m.aliases) for m in models))
@@ -130,13 +136,16 @@ class FrontendService:
         loop = asyncio.get_running_loop()
         watchers = [loop.create_task(self.pipeline.watch_workers()),
                     loop.create_task(watch_loop_lag(self.metrics.loop_lag_seconds))]
+        hosted: list[asyncio.Task[None]] = []
         try:
-            await serve(self.handle, self.config.http, self._on_handler_error, started)
+            hosted = await start_hosted(self._hosted)
+            await serve_beside(serve(self.handle, self.config.http, self._on_handler_error, started), hosted)
         finally:
             for task in watchers:
                 task.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
             await self.pipeline.close()
+            await stop_hosted(hosted)
 
     # ------------------------------------------------------------------------------------------- dispatch
     async def handle(self, req: Request, resp: Response) -> None:

@@ -220,6 +220,18 @@ class RouterService:
             case _:
                 raise ProtocolError(f"router does not handle {type(msg).__name__}")
 
+    def local(self, msg: Message) -> Message:
+        """A request from the process this router runs in (a frontend hosting it, common/local_router.py): no
+        socket and no sender to check."""
+        match msg:
+            case RouteRequest():
+                with tracing.remote_span("router.route", msg.traceparent, num_tokens=len(msg.token_ids)):
+                    return self._route(msg)
+            case ListWorkers(request_id=rid):
+                return self.registry.listing(rid)
+            case _:
+                raise ProtocolError(f"router does not answer {type(msg).__name__} in process")
+
     def _refused(self, request_id: str, source_id: str, protocol_version: int) -> ErrorReply | None:
         """A registration's refusal when it speaks another protocol version, else None."""
         try:

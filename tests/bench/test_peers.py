@@ -68,12 +68,22 @@ def test_serving_layer_goal_needs_every_pair_at_the_ratio() -> None:
 
     met = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900), _serving_run("splitserve", 1400),
                      _serving_run("dynamo", 900)])
-    assert met["ratio_per_pair"] == [1.667, 1.556] and met["goal_met"]
+    assert met["ratio_per_pair"] == {"splitserve": [1.667, 1.556]} and met["goal_met"] == {"splitserve": True}
     one_short = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900),
                            _serving_run("splitserve", 1300), _serving_run("dynamo", 900)])
-    assert one_short["ratio_per_pair"][1] == 1.444 and not one_short["goal_met"]
+    assert one_short["ratio_per_pair"]["splitserve"][1] == 1.444 and not one_short["goal_met"]["splitserve"]
     failed = summarize([_serving_run("splitserve", 1500), {"arm": "dynamo", "error": "exited"}])
-    assert failed["ratio_per_pair"] == [] and not failed["goal_met"]
+    assert failed["ratio_per_pair"] == {"splitserve": []} and not failed["goal_met"]["splitserve"]
+
+
+def test_serving_layer_pairs_each_splitserve_arm_with_dynamos_runs_in_order() -> None:
+    from bench.peers_serving import summarize
+
+    both = summarize([_serving_run("splitserve-inproc", 1800), _serving_run("splitserve", 1500),
+                      _serving_run("dynamo", 1000), _serving_run("splitserve-inproc", 1400),
+                      _serving_run("splitserve", 1600), _serving_run("dynamo", 1000)])
+    assert both["ratio_per_pair"] == {"splitserve-inproc": [1.8, 1.4], "splitserve": [1.5, 1.6]}
+    assert both["goal_met"] == {"splitserve-inproc": False, "splitserve": True}
 
 
 def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:

@@ -48,3 +48,27 @@ def test_up_passes_link_min_samples_to_the_router() -> None:
     cmd = router_command(GraphSpec(router_link_min_samples=32), "tcp://127.0.0.1:5550")
     assert cmd[cmd.index("--link-min-samples") + 1] == "32"
     assert "--link-min-samples" not in router_command(GraphSpec(), "tcp://127.0.0.1:5550")
+
+
+def test_a_hosted_replica_takes_the_routers_own_options() -> None:
+    """`frontend --router-inside "..."` parses its options as `splitserve router` does (one parser, one config)."""
+    from cli.cmd_router import router_config_of
+
+    config = router_config_of(["--endpoint", "tcp://127.0.0.1:5551", "--policy", "round-robin",
+                               "--local-prefill-max-tokens", "7", "--link-min-samples", "4"])
+    assert (config.endpoint, config.policy.policy, config.policy.local_prefill_max_tokens) == (
+        "tcp://127.0.0.1:5551", "round-robin", 7)
+    assert config.policy.cost.topology.min_samples == 4
+    assert config.events_endpoint == "tcp://127.0.0.1:0"  # the router's default: --endpoint's host, a free port
+    with pytest.raises(Exception, match="no-such-option"):
+        router_config_of(["--no-such-option"])
+
+
+def test_up_router_in_frontend_gives_each_frontend_its_replica() -> None:
+    import shlex
+
+    from cli.graph_spec import GraphSpec, router_command
+
+    spec = GraphSpec(router_in_frontend=True, num_frontends=2)
+    args = shlex.join(router_command(spec, "tcp://127.0.0.1:5552", 1)[1:])
+    assert shlex.split(args)[:2] == ["--endpoint", "tcp://127.0.0.1:5552"]

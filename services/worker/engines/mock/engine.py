@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import structlog
 
@@ -41,7 +40,7 @@ from services.worker.transfer_log import TransferLog
 log = structlog.get_logger(__name__)
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class _Live:
     request: EngineRequest
     queue: StreamInbox  # of EngineOutput | BaseException
