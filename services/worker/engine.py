@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
+
 from common.protocol import (
     FinishReason,
     Generate,
@@ -87,8 +89,10 @@ class EngineRequest:
                    traceparent=msg.traceparent, lora_name=msg.lora_name)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineOutput:
+class EngineOutput(msgspec.Struct, frozen=True):
+    """One output of one request (a msgspec Struct: made per token on every engine, ~0.1 us to build against a
+    frozen dataclass's ~1.6)."""
+
     request_id: str
     # New token ids since the previous output of this request.
     token_ids: tuple[int, ...]

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from common.protocol import FinishReason
 from services.worker.engines.mock.block_manager import BlockManager
 
@@ -99,8 +101,7 @@ class StepPlan:
         return not (self.prefills or self.decode_seq_ids or self.loads)
 
 
-@dataclass(frozen=True, slots=True)
-class SeqOutput:
+class SeqOutput(msgspec.Struct, frozen=True):  # one a token: a Struct builds ~5x faster than a frozen dataclass
     seq_id: str
     token_id: int
     finish_reason: FinishReason | None

@@ -24,13 +24,13 @@ in-process before ``start()`` (``start`` fills in any that are missing).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import structlog
 import zmq
 import zmq.asyncio
@@ -309,7 +309,7 @@ class VllmEngine(VllmAdapters):
                                            prompt_logprobs=scored)
                     continue
                 final = self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
-                yield dataclasses.replace(final, logprobs=logprobs, prompt_logprobs=scored)
+                yield msgspec.structs.replace(final, logprobs=logprobs, prompt_logprobs=scored)
         finally:
             self._in_flight.discard(request.request_id)
 
