@@ -34,12 +34,27 @@ def private_socket_dir(worker_id: str) -> str:
     sockets through VLLM_RPC_BASE_PATH unless the environment names a place). vLLM makes five
     ``ipc://$TMPDIR/<uuid>`` sockets an engine (three in the worker, two in its engine core) and removes none of
     them: ~1,500 socket files in /tmp after one test suite. The reaper removes the directory once the tree is
-    gone, however it went. Short (a socket's path must fit 107 bytes): the worker id's first 16 characters."""
+    gone, however it went. Short (a socket's path must fit 107 bytes): the worker id's first 16 characters. It is
+    also the tree's TMPDIR."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)[:16]
     path = tempfile.mkdtemp(prefix=f"splitserve-vllm-{safe}-")
     if not os.environ.get("VLLM_RPC_BASE_PATH"):
         os.environ["VLLM_RPC_BASE_PATH"] = path  # read by vLLM here and in the engine processes it spawns
+    # vLLM's executor makes its torch.distributed FileStore at $TMPDIR/vllm_dist_<uuid> and removes it only when the
+    # engine stops cleanly: one file left per killed engine (16 after one test suite). The tree's temporary files go
+    # here too (this directory is under the TMPDIR it was in); torch's compile cache keeps its usual place.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
+    os.environ["TMPDIR"] = tempfile.tempdir = path  # spawned processes read the variable, forked ones inherit this
     return path
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's): torch's own fallback
+        return "unknown"
 
 
 def start_engine_reaper(poll_s: float = POLL_S, remove_dirs: tuple[str, ...] = ()) -> int:

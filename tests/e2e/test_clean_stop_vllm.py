@@ -52,7 +52,8 @@ def leaked(before: dict[str, int]) -> list[str]:
 
 
 def _sockets() -> set[str]:
-    """Socket files and worker socket directories in the temporary directory now."""
+    """Socket files, worker socket directories and vLLM's FileStore files (``vllm_dist_<uuid>``, one a killed
+    engine before each worker's tree got its own TMPDIR) in the temporary directory now."""
     tmp = tempfile.gettempdir()
     out = set()
     for name in os.listdir(tmp):
@@ -60,7 +61,8 @@ def _sockets() -> set[str]:
             mode = os.lstat(os.path.join(tmp, name)).st_mode
         except OSError:
             continue
-        if stat.S_ISSOCK(mode) or (stat.S_ISDIR(mode) and name.startswith("splitserve-vllm-")):
+        if stat.S_ISSOCK(mode) or (stat.S_ISDIR(mode) and name.startswith("splitserve-vllm-")) \
+                or name.startswith("vllm_dist_"):
             out.add(name)
     return out
 
