@@ -7,7 +7,7 @@ worker process. ``generate`` yields ``EngineOutput``s for one request until one 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -147,6 +147,10 @@ def worker_stats(request_id: str, worker_id: str, load: WorkerLoad, c: EngineCou
         num_prompt_tokens_cached=c.num_prompt_tokens_cached, num_prompt_tokens_pulled=c.num_prompt_tokens_pulled)
 
 
+# Takes an output from inside the engine's step (no task switch per token): True when taken (services/worker/outputs.py).
+OutputSink = Callable[[EngineOutput], bool]
+
+
 class Engine(Protocol):
     block_size: int
     num_blocks: int
@@ -155,8 +159,10 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load the model and allocate KV; return when requests can be served."""
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Run one request; yields outputs until the one with ``finish_reason``."""
+    def generate(self, request: EngineRequest, sink: OutputSink | None = None) -> AsyncIterator[EngineOutput]:
+        """Run one request; yields outputs until the one with ``finish_reason``. An engine may hand an output to
+        ``sink`` instead, from inside its step, and yields it only when ``sink`` returns False (after which it
+        yields every later one too, so their order holds); ``sink`` never raises."""
 
     async def abort(self, request_id: str) -> None:
         """End a request now (client gone, stop string hit); frees its blocks. Unknown ids are ignored."""

@@ -39,7 +39,6 @@ from common.protocol import (
     Role,
     RoleSet,
     SetRole,
-    Tokens,
     UnloadAdapter,
     Unregister,
     WorkerInfo,
@@ -49,11 +48,12 @@ from common.router_link import EventsSocket, RouterLink, first_registration, sen
 from common.transport import Server, new_id, open_context
 from services.worker.adapters import change_adapter
 from services.worker.config import WorkerConfig
-from services.worker.engine import Engine, EngineCounters, EngineRequest, worker_info, worker_stats
+from services.worker.engine import Engine, EngineCounters, EngineOutput, EngineRequest, worker_info, worker_stats
 from services.worker.kv_events import KvEventPublisher
 from services.worker.leases import HELD_PREFILL_S, Leases
 from services.worker.lifecycle import drain_quiet_s, drained, role_refusal
 from services.worker.metrics import WorkerMetrics
+from services.worker.outputs import OutputForwarder
 from services.worker.tier_load_log import NewTierLoads
 from services.worker.trace_phases import RequestTrace
 from services.worker.transfer_sources import TransferSources
@@ -278,22 +278,18 @@ class WorkerService:
         # pulled or pushed from a prefill worker when the hand-off says where, else prefilled here).
         kind = "prefill" if msg.prefill_only else "generate"
         trace = RequestTrace(msg, self.transfers_simulated)
-        outcome, finish_reason, num_output_tokens, num_cached_tokens = "lost", None, 0, 0
+        outcome = "lost"
+
+        def seen(out: EngineOutput) -> None:
+            trace.seen(out)
+            self._transfer_sources.finished(msg.request_id)
+
+        fwd = OutputForwarder(identity, self._outbox, seen)
         try:
-            async for out in trace.outputs(self.engine.generate(request)):
-                self._transfer_sources.finished(msg.request_id)
-                num_output_tokens += len(out.token_ids)
-                num_cached_tokens = out.num_cached_tokens
-                if out.finish_reason is not None:
-                    outcome, finish_reason = "finished", out.finish_reason
-                tokens = Tokens(
-                    request_id=out.request_id, token_ids=out.token_ids, finish_reason=out.finish_reason,
-                    num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
-                    kv_transfer=out.kv_transfer, transfer_failed=out.transfer_failed,
-                    logprobs=out.logprobs, prompt_logprobs=out.prompt_logprobs)
-                if self._outbox.full(identity):  # a frontend that reads slowly pauses its requests' output
-                    await self._outbox.room(identity)
-                self._outbox.put(identity, tokens)  # sent at the end of this loop turn, batched with others
+            async for out in self.engine.generate(request, fwd.take):  # what the engine could not hand to take
+                await fwd.put(out)
+            if fwd.finish_reason is not None:
+                outcome = "finished"
         except PeerStalled as exc:
             # That frontend read nothing for the stall timeout: stop computing for it, free the KV blocks.
             outcome = "failed"
@@ -328,9 +324,9 @@ class WorkerService:
                     self._held.hold(msg.request_id, identity, self._last_prefill_s, HELD_PREFILL_S)
             trace.done(self.config.worker_id, outcome)
             # One line a request at info: where each prompt was prefilled is visible on the worker itself.
-            log.info("request_done", kind=kind, outcome=outcome, finish_reason=finish_reason,
-                     num_prompt_tokens=len(msg.token_ids), num_cached_tokens=num_cached_tokens,
-                     num_output_tokens=num_output_tokens,
+            log.info("request_done", kind=kind, outcome=outcome, finish_reason=fwd.finish_reason,
+                     num_prompt_tokens=len(msg.token_ids), num_cached_tokens=fwd.num_cached_tokens,
+                     num_output_tokens=fwd.num_output_tokens,
                      kv_transfer=request.kv_transfer.mode if request.kv_transfer is not None else "",
                      duration_ms=round((time.monotonic() - trace.arrival_s) * 1000, 1))
             self.metrics.request_done(kind, outcome, len(msg.token_ids))

@@ -12,7 +12,6 @@ one that does not report the KV landing gets the transfer up to the first token;
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 from common import tracing
 from common.protocol import Generate
@@ -57,14 +56,10 @@ class RequestTrace:
         self._on = bool(msg.traceparent) and tracing.enabled()
         self._first: tuple[float, float, float] | None = None  # (first output at, engine's scheduled_s, loaded_s)
 
-    def outputs(self, outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
-        return self._watched(outputs) if self._on else outputs
-
-    async def _watched(self, outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
-        async for out in outputs:
-            if self._first is None:
-                self._first = (time.monotonic(), out.scheduled_s, out.loaded_s)
-            yield out
+    def seen(self, out: EngineOutput) -> None:
+        """Each of the engine's outputs as it passes (the first one is timed)."""
+        if self._on and self._first is None:
+            self._first = (time.monotonic(), out.scheduled_s, out.loaded_s)
 
     def done(self, worker_id: str, outcome: str) -> None:
         if not self._on:

@@ -1,15 +1,14 @@
 """The mock engine: the ``Engine`` contract on a real block manager and scheduler, with simulated time.
 
-One asyncio task steps the scheduler: plan, sleep the timing model's step time, pick each sampling
-sequence's next token, update, and push one output per request to its queue. Token ids are a pure function
-of the sequence so far and the request's seed (``tokens``), so a disaggregated run (prefill worker makes token 1, decode
-worker continues from prompt + token 1) yields the same tokens as an aggregated one.
+One asyncio task steps the scheduler: plan, sleep the timing model's step time, pick each sampling sequence's next
+token, update, and hand each request its output (to the caller's sink, else its queue). Token ids are a pure function
+of the sequence so far and the request's seed (``tokens``), so a disaggregated run (prefill worker makes token 1,
+decode worker continues from prompt + token 1) yields the same tokens as an aggregated one.
 
 A hand-off is served as its continuation (``admission.as_continuation``): the prefill's first token joins the
 prompt and counts off the budget, and is the one token of the prompt a pulled request computes.
 
-Collaborators beside it: ``config``, ``admission`` (request checks), ``tokens``, ``tier`` (a shared KV tier),
-``block_manager`` and ``scheduler``.
+Beside it: ``config``, ``admission`` (request checks), ``tokens``, ``tier``, ``block_manager``, ``scheduler``.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import structlog
 from common.errors import EngineError
 from common.protocol import KvTransferParams, TokenLogprobs, WorkerLoad
 from common.stream_inbox import StreamInbox
-from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, KvEvent, OutputSink
 from services.worker.engines.mock.adapters import AdapterNames
 from services.worker.engines.mock.admission import as_continuation, seq_spec
 from services.worker.engines.mock.block_manager import BlockManager
@@ -38,12 +37,14 @@ from services.worker.tier_load_log import TierLoadLog
 from services.worker.transfer_log import TransferLog
 
 log = structlog.get_logger(__name__)
+_TOOK_LAST = object()  # queued once the sink took the last output: generate() returns
 
 
 @dataclasses.dataclass(slots=True)
 class _Live:
     request: EngineRequest
-    queue: StreamInbox  # of EngineOutput | BaseException
+    queue: StreamInbox  # of EngineOutput | BaseException | _TOOK_LAST
+    sink: OutputSink | None  # takes outputs until it declines one
     num_cached_tokens: int = 0
     emitted: bool = False
     # Its KV pull failed (--mock-nixl) and the prompt is recomputed here: its first output says so.
@@ -104,7 +105,7 @@ class MockEngine(AdapterNames):
                 await self._nixl.start()
             self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="mock-engine-steps")
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest, sink: OutputSink | None = None) -> AsyncIterator[EngineOutput]:
         self._check_serving()
         check_supported(request.request_id, request.sampling)
         request = as_continuation(request)
@@ -118,13 +119,15 @@ class MockEngine(AdapterNames):
                 self._onboards[request_id] = onboard
         if request_id in self._live:
             raise EngineError(f"request {request_id!r} is already running")
-        live = _Live(request=request, queue=StreamInbox())
+        live = _Live(request=request, queue=StreamInbox(), sink=sink)
         self._live[request_id] = live
         self._scheduler.add(spec)
         self._wakeup.set()
         try:
             while True:
                 item = await live.queue.get()
+                if item is _TOOK_LAST:
+                    return
                 if isinstance(item, BaseException):
                     raise EngineError(f"mock engine failed during request {request_id!r}: {item}") from item
                 yield item
@@ -314,20 +317,17 @@ class MockEngine(AdapterNames):
                                                   kv_transfer)
         transfer_failed, live.transfer_failed = live.transfer_failed, False
         times = self._notes.take(output.seq_id) if first else (0.0, 0.0)
-        live.queue.put_nowait(
-            EngineOutput(
-                request_id=output.seq_id,
-                token_ids=(output.token_id,),
-                finish_reason=output.finish_reason,
-                num_prompt_tokens=len(live.request.token_ids),
-                num_cached_tokens=output.num_cached_tokens,
-                kv_transfer=kv_transfer,
-                transfer_failed=transfer_failed,
-                logprobs=logprobs,
-                scheduled_s=times[0],
-                loaded_s=times[1],
-            )
-        )
+        out = EngineOutput(request_id=output.seq_id, token_ids=(output.token_id,), finish_reason=output.finish_reason,
+                           num_prompt_tokens=len(live.request.token_ids), num_cached_tokens=output.num_cached_tokens,
+                           kv_transfer=kv_transfer, transfer_failed=transfer_failed, logprobs=logprobs,
+                           scheduled_s=times[0], loaded_s=times[1])
+        if live.sink is not None:
+            if live.sink(out):
+                if output.finish_reason is not None:
+                    live.queue.put_nowait(_TOOK_LAST)
+                return
+            live.sink = None  # declined: this output and every later one go through the queue, in order
+        live.queue.put_nowait(out)
 
     # -------------------------------------------------------------------------------------- transfers
 

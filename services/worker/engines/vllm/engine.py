@@ -40,7 +40,7 @@ from common.continuation import ForcedFirst
 from common.errors import EngineError
 from common.protocol import FinishReason, WorkerLoad
 from common.tiny_model import ModelInfo, validate_model_dir
-from services.worker.engine import EngineCounters, EngineOutput, EngineRequest
+from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, OutputSink
 from services.worker.engines.vllm.params import (
     decode_kv_params,
     kv_params_from_vllm,
@@ -275,7 +275,8 @@ class VllmEngine(VllmAdapters):
                       "kv_connector_extra_config": {"connectors": [nixl, tier]}}
         return KVTransferConfig(**chosen, kv_load_failure_policy="recompute", engine_id=cfg.engine_id or None)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest,  # sink unused: AsyncLLM wakes each request's task anyway
+                       sink: OutputSink | None = None) -> AsyncIterator[EngineOutput]:
         llm = self._require_started()
         params, forced_token = to_vllm_sampling(request, self.model_info)
         prompt_ids = list(request.token_ids)  # a hand-off's too: the prefill's prompt, so its blocks pull whole

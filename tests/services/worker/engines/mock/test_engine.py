@@ -316,3 +316,33 @@ async def test_an_adapters_blocks_hash_under_its_seed_and_only_held_adapters_run
         assert engine.lora_names() == ("chat",)
     finally:
         await engine.shutdown()
+
+
+async def test_a_sink_takes_outputs_in_the_step_until_it_declines_one(engine: MockEngine) -> None:
+    reference = _tokens(await _collect(engine, _request("ref", max_tokens=6)))
+    taken: list[EngineOutput] = []
+    every = [out async for out in engine.generate(_request("a", max_tokens=6), lambda out: not taken.append(out))]
+    assert every == [] and _tokens(taken) == reference and taken[-1].finish_reason == "length"
+
+    # Declined at the third: that one and every later one are yielded, in order, and the sink is not asked again.
+    offered: list[EngineOutput] = []
+
+    def sink(out: EngineOutput) -> bool:
+        offered.append(out)
+        return len(offered) < 3
+
+    yielded = [out async for out in engine.generate(_request("b", max_tokens=6), sink)]
+    assert len(offered) == 3 and offered[2] is yielded[0]
+    assert _tokens(offered[:2] + yielded) == reference and yielded[-1].finish_reason == "length"
+    assert engine.load().num_free_blocks == 64
+
+
+async def test_abort_ends_a_sunk_stream(engine: MockEngine) -> None:
+    taken: list[EngineOutput] = []
+    stream = engine.generate(_request("a", max_tokens=500), lambda out: not taken.append(out))
+    task = asyncio.create_task(anext(stream))
+    while not taken:
+        await asyncio.sleep(0)
+    await engine.abort("a")
+    assert (await task).finish_reason == "abort"
+    assert engine.load().num_free_blocks == 64 and engine.load().num_running == 0
