@@ -72,8 +72,10 @@ def test_serving_layer_goal_needs_every_pair_at_the_ratio() -> None:
     one_short = summarize([_serving_run("splitserve", 1500), _serving_run("dynamo", 900),
                            _serving_run("splitserve", 1300), _serving_run("dynamo", 900)])
     assert one_short["ratio_per_pair"]["splitserve"][1] == 1.444 and not one_short["goal_met"]["splitserve"]
+    assert one_short["ratio_of_means"] == {"splitserve": 1.556} and one_short["goal_met_run"]["splitserve"]
     failed = summarize([_serving_run("splitserve", 1500), {"arm": "dynamo", "error": "exited"}])
     assert failed["ratio_per_pair"] == {"splitserve": []} and not failed["goal_met"]["splitserve"]
+    assert failed["ratio_of_means"] == {} and not failed["goal_met_run"]["splitserve"]
 
 
 def test_serving_layer_pairs_each_splitserve_arm_with_dynamos_runs_in_order() -> None:
