@@ -8,6 +8,7 @@ be compared token for token.
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
 import shutil
@@ -74,14 +75,26 @@ class VllmServer:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
+def _inductor_cache_dir() -> str:
+    """torch's default compile cache, as under the TMPDIR we were started with."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
 def start_vllm_server(log_dir: Path, model_dir: Path, *args: str, core: int, served_name: str,
                       env: dict[str, str] | None = None) -> VllmServer:
     """Starts it and returns at once (``wait_ready`` waits): another server can start meanwhile. ``env`` adds to
     (and wins over) the environment above, e.g. a NIXL side-channel port per engine for P/D."""
     port = free_port()
     socket_dir = tempfile.mkdtemp(prefix="splitserve-vllm-server-")
+    # TMPDIR too: vLLM's torch.distributed FileStore ($TMPDIR/vllm_dist_<uuid>) outlives a killed server, and stop()
+    # removes this directory (torch's compile cache keeps its usual place).
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_RPC_BASE_PATH": socket_dir, **(env or {})}
+           "VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_RPC_BASE_PATH": socket_dir, "TMPDIR": socket_dir,
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_cache_dir(), **(env or {})}
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin and (libgomp := Path(spec.origin).parent / "lib" / "libgomp.so.1").exists():
         env["LD_PRELOAD"] = str(libgomp)

@@ -1,25 +1,38 @@
-"""The engines these tests make in the test process put vLLM's IPC socket files in a directory of the package's
-own, removed after it (a worker's own come from cli/engine_reaper.py's ``private_socket_dir``)."""
+"""The engines these tests make in the test process put vLLM's IPC socket files, and their torch.distributed
+FileStore (``$TMPDIR/vllm_dist_<uuid>``, left behind by an engine that did not stop cleanly), in a directory of the
+package's own, removed after it (a worker's own come from cli/engine_reaper.py's ``private_socket_dir``)."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import tempfile
 
 import pytest
 
+_KEYS = ("VLLM_RPC_BASE_PATH", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
+
 
 @pytest.fixture(scope="package", autouse=True)
 def _vllm_socket_dir():
-    before = os.environ.get("VLLM_RPC_BASE_PATH")
+    before = {key: os.environ.get(key) for key in _KEYS}
+    before_tempdir = tempfile.tempdir
     path = tempfile.mkdtemp(prefix="splitserve-test-vllm-")
-    os.environ["VLLM_RPC_BASE_PATH"] = path
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    # torch's compile cache keeps its usual place.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
+    os.environ["VLLM_RPC_BASE_PATH"] = os.environ["TMPDIR"] = tempfile.tempdir = path
     try:
         yield path
     finally:
-        if before is None:
-            os.environ.pop("VLLM_RPC_BASE_PATH", None)
-        else:
-            os.environ["VLLM_RPC_BASE_PATH"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        tempfile.tempdir = before_tempdir
         shutil.rmtree(path, ignore_errors=True)
