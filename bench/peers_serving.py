@@ -172,4 +172,5 @@ def main(argv: list[str]) -> None:
     finish(cond)
     cond["elapsed_s"] = round(time.monotonic() - began, 1)
     write_result(args.out, doc)
-    print(f"ratios {doc['summary']['ratio_per_pair']} (goal >= {GOAL_RATIO}); wrote {args.out}")
+    print(f"ratios {doc['summary']['ratio_per_pair']}, over the run {doc['summary']['ratio_of_means']} "
+          f"(goal >= {GOAL_RATIO}); wrote {args.out}")
