@@ -55,7 +55,7 @@ from services.worker.engines.vllm.lease_release import abort_or_release, worker_
 from services.worker.leases import Leases
 from services.worker.engines.vllm.lora import VllmAdapters, lora_engine_kwargs
 from services.worker.engines.vllm.dtype import DtypeChoice, resolved_dtype
-from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSources
+from services.worker.engines.vllm.stats import EngineStatsSink, PromptTokenSources, in_engine_counts
 
 log = structlog.get_logger(__name__)
 
@@ -354,10 +354,10 @@ class VllmEngine(VllmAdapters):
 
     def load(self) -> WorkerLoad:
         used = round(self._stats.kv_cache_usage * self.num_blocks)
-        busy = bool(self._in_flight)
+        num_running, num_waiting = in_engine_counts(self._stats.num_running, len(self._in_flight))
         return WorkerLoad(
-            num_running=self._stats.num_running if busy else 0,
-            num_waiting=self._stats.num_waiting if busy else 0,
+            num_running=num_running,
+            num_waiting=num_waiting,
             num_free_blocks=self.num_blocks - used,
             num_total_blocks=self.num_blocks,
             # vLLM reports only total usage; blocks held by running sequences are its best proxy.

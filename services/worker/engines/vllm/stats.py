@@ -35,8 +35,7 @@ class EngineStatsSink:
     """Mutable accumulator fed by ``_SinkLogger``; read by ``VllmEngine``."""
 
     def __init__(self) -> None:
-        self.num_running = 0
-        self.num_waiting = 0
+        self.num_running = 0  # vLLM's scheduler's, after its last step (in_engine_counts)
         # Fraction of KV blocks in use (0..1), from the scheduler.
         self.kv_cache_usage = 0.0
         self.num_prefix_hit_tokens = 0
@@ -52,7 +51,6 @@ class EngineStatsSink:
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
         self.num_running = stats.num_running_reqs
-        self.num_waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
         self.kv_cache_usage = stats.kv_cache_usage
         self.num_prefix_hit_tokens += stats.prefix_cache_stats.hits
         if stats.kv_connector_stats:
@@ -130,6 +128,19 @@ def prefill_rate(old_tokens_per_s: float, num_computed_tokens: int, prefill_s: f
         return old_tokens_per_s
     rate = num_computed_tokens / prefill_s
     return rate if old_tokens_per_s <= 0 else (1 - RATE_WEIGHT) * old_tokens_per_s + RATE_WEIGHT * rate
+
+
+def in_engine_counts(num_running: int, num_in_flight: int) -> tuple[int, int]:
+    """(running, waiting) for the router: the ``num_in_flight`` requests this worker has in the engine, as many
+    running as vLLM's scheduler says (``num_running``), the rest waiting.
+
+    vLLM's counts are its scheduler's after the last step it finished: a request added since, or in its first
+    step (a whole prefill long), is in neither, and an idle engine's last counts say 0. A heartbeat of those made
+    the router forget the request it had just routed there, take the engine for one without streams, and prefill
+    the next short prompt beside it: a 126-129 ms gap in that stream (shared prefixes, 2026-12-07). Requests in
+    flight that vLLM does not count yet are waiting; counts left from requests gone are dropped."""
+    running = min(num_running, num_in_flight)
+    return running, num_in_flight - running
 
 
 def _at(data: dict[str, Any], key: str, i: int) -> float:

@@ -17,15 +17,15 @@ _KEYS = ("VLLM_RPC_BASE_PATH", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
 @pytest.fixture(scope="package", autouse=True)
 def _vllm_socket_dir():
     before = {key: os.environ.get(key) for key in _KEYS}
-    before_tempdir = tempfile.tempdir
-    path = tempfile.mkdtemp(prefix="splitserve-test-vllm-")
+    path = tempfile.mkdtemp(prefix="splitserve-test-vllm-")  # reads (and caches) this process's temp dir first
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
     # torch's compile cache keeps its usual place.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
-    os.environ["VLLM_RPC_BASE_PATH"] = os.environ["TMPDIR"] = tempfile.tempdir = path
+    # For the engine processes vLLM spawns; this process keeps its temp dir (pytest's tmp_path lives there).
+    os.environ["VLLM_RPC_BASE_PATH"] = os.environ["TMPDIR"] = path
     try:
         yield path
     finally:
@@ -34,5 +34,4 @@ def _vllm_socket_dir():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        tempfile.tempdir = before_tempdir
         shutil.rmtree(path, ignore_errors=True)

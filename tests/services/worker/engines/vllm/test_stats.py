@@ -121,3 +121,21 @@ def test_prefill_rate_comes_from_vllms_finished_request_stats() -> None:
     sink = EngineStatsSink()
     sink.record_iteration(stats)
     assert sink.prefill_tokens_per_s == pytest.approx(576 / 1.2)
+
+
+@pytest.mark.parametrize(
+    ("vllm_running", "in_flight", "expected"),
+    [
+        (0, 0, (0, 0)),  # idle
+        (0, 1, (0, 1)),  # added since vLLM's last step, or in its first: waiting, not forgotten
+        (2, 3, (2, 1)),
+        (3, 3, (3, 0)),
+        (2, 1, (1, 0)),  # vLLM's count still holds a request that has finished here
+        (1, 0, (0, 0)),
+    ],
+)
+def test_in_engine_counts_are_the_requests_in_flight(vllm_running: int, in_flight: int,
+                                                     expected: tuple[int, int]) -> None:
+    from services.worker.engines.vllm.stats import in_engine_counts
+
+    assert in_engine_counts(vllm_running, in_flight) == expected
