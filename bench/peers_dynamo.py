@@ -79,9 +79,10 @@ class DynamoGraph:
 
 
 def start_dynamo(python: Path, model: Path, num_workers: int, log_dir: Path, tag: str,
-                 ready_timeout_s: float = 180.0) -> DynamoGraph:
+                 ready_timeout_s: float = 180.0, batch: bool = False) -> DynamoGraph:
     """Frontend + ``num_workers`` mockers serving ``model`` (its tokenizer; the weights are not read) under the
-    directory's name; returns once a streamed request came back."""
+    directory's name; returns once a streamed request came back. ``batch``: every process under SCHED_BATCH
+    (``chrt -b 0``), as splitserve's `up` runs a mock graph's (cli/cpu_sched.py)."""
     began = time.monotonic()
     store = Path(tempfile.mkdtemp(prefix="dynamo-kv-"))
     env = {**os.environ, "DYN_FILE_KV": str(store), "OMP_NUM_THREADS": "1", "DYN_LOG": "warn"}
@@ -93,6 +94,8 @@ def start_dynamo(python: Path, model: Path, num_workers: int, log_dir: Path, tag
              "--speedup-ratio", SPEEDUP_RATIO, *plane, "--event-plane", "zmq"] for _ in range(num_workers)]
     cmds.append([str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
                  *plane, "--router-mode", "round-robin"])
+    if batch:
+        cmds = [["chrt", "-b", "0", *c] for c in cmds]  # chrt execs the command: same pid
     labels = [f"mocker-{i}" for i in range(num_workers)] + ["frontend"]
     procs: list[subprocess.Popen[bytes]] = []
     graph = DynamoGraph(f"http://127.0.0.1:{port}", {}, procs, store, [" ".join(c) for c in cmds])

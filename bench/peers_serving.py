@@ -6,6 +6,8 @@ Arms, interleaved A B A B (a fresh system each run):
   splitserve-inproc: the same with `--router-in-frontend` (the router replica inside the frontend's process).
   dynamo:     ai-dynamo 1.6.1's `dynamo.frontend` + 2 `dynamo.mocker` (zero delay), file discovery, TCP request
               plane, no etcd/NATS (bench/peers_dynamo.py; its own venv).
+  dynamo-batch: the same, every process under SCHED_BATCH (`chrt -b 0`), as `up` runs a mock graph's
+              (cli/cpu_sched.py): what that policy alone is worth to Dynamo.
 Both serve the embedded tiny model's tokenizer and get the same load from the same Python client
 (bench/lib/load.py: aiohttp, keep-alive, SSE): --warmup unmeasured requests, then --requests streaming chat
 completions, --concurrency at a time, max_tokens --max-tokens with ignore_eos, a unique one-line prompt each.
@@ -38,6 +40,7 @@ GOAL_RATIO = 1.5  # splitserve req/s over Dynamo's, each pair of one run
 # splitserve's arms: `up`'s options beyond the common ones. "splitserve-inproc": each frontend hosts its router
 # replica (`--router-in-frontend`): no router process, no route message, as Dynamo's frontend holds its router.
 SPLITSERVE_ARMS: dict[str, tuple[str, ...]] = {"splitserve": (), "splitserve-inproc": ("--router-in-frontend",)}
+DYNAMO_ARMS = ("dynamo", "dynamo-batch")
 
 
 def _measure(url: str, pids: dict[str, int], bodies: list[dict], concurrency: int, max_tokens: int) -> dict:
@@ -64,12 +67,13 @@ def run_arm(args: argparse.Namespace, arm: str, index: int, bodies: list[dict], 
         url, stop, alive = graph.url, graph.stop, graph.alive
         pids = server_processes(graph.proc.pid)
         out.update(command=" ".join(graph.cmd[1:]), startup_s=round(graph.startup_s, 2))
-    elif arm == "dynamo":
-        dyn = start_dynamo(args.dynamo_python, args.model, args.workers, args.log_dir, str(index))
+    elif arm in DYNAMO_ARMS:
+        dyn = start_dynamo(args.dynamo_python, args.model, args.workers, args.log_dir, str(index),
+                           batch=arm == "dynamo-batch")
         url, stop, alive, pids = dyn.url, dyn.stop, dyn.alive, dyn.pids
         out.update(commands=dyn.commands, startup_s=dyn.startup_s, num_registered=dyn.num_registered)
     else:
-        raise SystemExit(f"unknown arm {arm!r}: {', '.join(SPLITSERVE_ARMS)}, dynamo")
+        raise SystemExit(f"unknown arm {arm!r}: {', '.join([*SPLITSERVE_ARMS, *DYNAMO_ARMS])}")
     try:
         out["pids"] = pids
         if warm:
@@ -107,6 +111,10 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
     out["goal"] = f"splitserve >= {GOAL_RATIO}x Dynamo's req/s in the run (ratio_of_means) and in every pair"
     out["goal_met_run"] = {arm: out["ratio_of_means"].get(arm, 0.0) >= GOAL_RATIO for arm in ratios}
     out["goal_met"] = {arm: bool(r) and min(r) >= GOAL_RATIO for arm, r in ratios.items()}
+    dyb = [r["requests_per_s"] for r in runs if r["arm"] == "dynamo-batch" and "requests_per_s" in r]
+    if dyb:  # against Dynamo given the same scheduling policy: not the goal's figure, what the policy is worth
+        out["ratio_of_means_vs_dynamo_batch"] = {
+            arm: round(statistics.fmean(out[arm]["requests_per_s"]) / statistics.fmean(dyb), 3) for arm in ratios}
     return out
 
 
@@ -127,7 +135,7 @@ def main(argv: list[str]) -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     ensure_tiny_model(args.model)
     order = [a for a in args.order.split(",") if a]
-    args.dynamo_python = ensure_venv(args.dynamo_venv) if "dynamo" in order else None
+    args.dynamo_python = ensure_venv(args.dynamo_venv) if set(order) & set(DYNAMO_ARMS) else None
     name = args.model.resolve().name
     texts = [f"Request {i}: tell me a short story about a fox." for i in range(args.requests)]
     bodies = chat_bodies(name, texts, args.max_tokens)
@@ -140,12 +148,14 @@ def main(argv: list[str]) -> None:
                 "a unique one-line user message each",
         client="bench/lib/load.py (aiohttp, keep-alive, SSE) in this process, one request in flight per slot",
         splitserve="`splitserve up --engine mock --mock-speedup inf --aggregated 2 --no-kvtier`: launcher, router "
-                   "(KV-aware), 2 zero-delay mock workers, 1 frontend",
+                   "(KV-aware), 2 zero-delay mock workers, 1 frontend; `--cpu-sched auto`: all of a mock graph's "
+                   "processes under SCHED_BATCH (cli/cpu_sched.py)",
         splitserve_inproc="the same with `--router-in-frontend`: no router process, the router replica (KV-aware) "
                           "inside the frontend's process, routes without a message",
         dynamo=f"ai-dynamo {DYNAMO_VERSION} (PyPI, own venv): dynamo.frontend (--router-mode round-robin) + 2 "
                f"dynamo.mocker (--speedup-ratio {SPEEDUP_RATIO}), --discovery-backend file, --request-plane tcp, "
                "--event-plane zmq; no etcd, no NATS",
+        dynamo_batch="the same, each process started under `chrt -b 0` (SCHED_BATCH)",
         cores="server processes and the client unpinned, sharing every core of the machine",
         cpu_measure="utime+stime (all threads) from /proc/<pid>/stat of every server process, after minus before "
                     f"the measured load, over requests; clock tick {1000 // CLK_TCK} ms",

@@ -1,4 +1,5 @@
-"""What a child of `splitserve up` sets on itself at start: die with the launcher, and its CPU cores.
+"""What a child of `splitserve up` sets on itself at start: die with the launcher, its CPU cores and its CPU
+scheduling policy (cli/cpu_sched.py).
 
 The launcher passes both in the environment instead of applying them in a ``preexec_fn``: it forks while threads
 run (ZeroMQ's I/O threads, for the planner's events), and code run between fork and exec in a threaded process can
@@ -17,17 +18,22 @@ from collections.abc import MutableMapping
 
 PARENT_PID_ENV = "SPLITSERVE_LAUNCHER_PID"  # die (SIGINT) when this process, our parent, does
 CORES_ENV = "SPLITSERVE_LAUNCHER_CORES"  # comma-separated CPU ids to run on ("" or absent: leave as is)
+SCHED_ENV = "SPLITSERVE_LAUNCHER_SCHED"  # "batch": run under SCHED_BATCH ("" or absent: leave as is)
 _PR_SET_PDEATHSIG = 1
 
 
-def launcher_env(parent_pid: int, cores: frozenset[int]) -> dict[str, str]:
+def launcher_env(parent_pid: int, cores: frozenset[int], batch: bool = False) -> dict[str, str]:
     """The variables the launcher adds to a child's environment."""
-    return {PARENT_PID_ENV: str(parent_pid), CORES_ENV: ",".join(str(c) for c in sorted(cores))}
+    return {PARENT_PID_ENV: str(parent_pid), CORES_ENV: ",".join(str(c) for c in sorted(cores)),
+            SCHED_ENV: "batch" if batch else ""}
 
 
 def apply_launcher_setup(environ: MutableMapping[str, str] = os.environ) -> None:
     parent = environ.pop(PARENT_PID_ENV, "")
     cores_text = environ.pop(CORES_ENV, "")
+    if environ.pop(SCHED_ENV, "") == "batch":
+        # Before any thread starts (ZeroMQ's I/O thread inherits it). Needs no privilege: priority 0, not real-time.
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     if cores_text:
         cores = {int(c) for c in cores_text.split(",")}
         if cores <= os.sched_getaffinity(0):  # a launcher's choice this machine cannot honour is left unapplied

@@ -31,6 +31,7 @@ from cli.admission_options import (
     TtftBudgets,
     admission_args,
 )
+from cli.cpu_sched import CPU_SCHED_CHOICES
 from cli.graph_spec import up_kv_transfer
 from cli.logs import configure_logging
 from cli.options import (
@@ -125,6 +126,10 @@ def up(
         rich_help_panel=POOLS),
     pin_control_plane: bool = typer.Option(
         True, help="vLLM: keep frontend, router, kvtier and planner off decode cores (free cores, else prefill's)",
+        rich_help_panel=POOLS),
+    cpu_sched: str = typer.Option(
+        "auto", help="Processes run under SCHED_BATCH (no wake-up preemption: more requests a core, a wake-up may "
+        "wait for the tick): auto (those sharing no core with a vLLM engine), batch (all but vLLM workers), normal",
         rich_help_panel=POOLS),
     # Routing
     router_policy: str = typer.Option("kv", rich_help_panel=ROUTING),
@@ -233,6 +238,8 @@ def up(
     configure_logging(log_level, log_json, "up")
     if engine not in ("mock", "vllm"):
         raise typer.BadParameter(f"engine must be mock or vllm, not {engine!r}", param_hint="--engine")
+    if cpu_sched not in CPU_SCHED_CHOICES:
+        raise typer.BadParameter(f"one of {', '.join(CPU_SCHED_CHOICES)}, not {cpu_sched!r}", param_hint="--cpu-sched")
     if kv_transfer is not None:
         kv_transfer_checked(kv_transfer)
     if mock_nixl and kv_transfer == "push":
@@ -302,7 +309,7 @@ def up(
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
                      router_link_min_samples=router_link_min_samples,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
-                     pin_control_plane=pin_control_plane, metrics_sd_file=metrics_sd_file,
+                     pin_control_plane=pin_control_plane, cpu_sched=cpu_sched, metrics_sd_file=metrics_sd_file,
                      planner=planner_spec if planner else None, num_frontends=frontends,
                      http_limits=limits, curve=curve,
                      curve_dir=curve_dir, switchable=switchable, served_model_names=names,

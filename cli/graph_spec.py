@@ -10,6 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.cpu_sched import engine_cores
 from cli.http_limits import HttpLimits
 from cli.placement import Placement
 from cli.ports import free_port
@@ -108,6 +109,8 @@ class GraphSpec:
     decode_max_batched_tokens: int = 0
     # vLLM: frontend, router, kvtier and planner on control_plane_cores (never a decode engine's core).
     pin_control_plane: bool = True
+    # Which processes run under SCHED_BATCH: auto, batch or normal (cli/cpu_sched.py).
+    cpu_sched: str = "auto"
     # Prometheus file-SD target list, rewritten whenever a process starts, restarts or drains (None: default_sd_path).
     metrics_sd_file: Path | None = None
     # Frontend processes sharing the HTTP port (SO_REUSEPORT), each its own event loop.
@@ -235,7 +238,7 @@ def control_plane_cores(roles: list[str], num_cores: int) -> frozenset[int]:
     2 cores, an unpinned frontend, router and client drifted onto the decode core whenever a long prefill held
     the other one). An aggregated graph with no free core has nowhere better: unpinned.
     """
-    free = frozenset(range(num_cores)) - {i % num_cores for i in range(len(roles))}
+    free = frozenset(range(num_cores)) - engine_cores(len(roles), num_cores)
     if free:
         return free
     prefill = {i % num_cores for i, role in enumerate(roles) if role == "prefill"}

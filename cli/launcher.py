@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from cli.child_setup import launcher_env
+from cli.cpu_sched import batch_scheduled, engine_cores
 from cli.placement import control_plane_env
 from cli.children import Child, ChildSet
 from cli.graph_spec import (  # noqa: F401 (re-exported: tests and benchmarks import them from here)
@@ -116,6 +117,11 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
                      if spec.engine == "vllm" and spec.pin_control_plane else frozenset())
     if control_cores:
         log.info("control_plane_pinned", cores=sorted(control_cores))
+    engine_core_ids = engine_cores(len(worker_roles(spec)), os.cpu_count() or 1)
+    batched = {s for s in ("frontend", "router", "kvtier", "planner", "worker")
+               if batch_scheduled(s, spec.engine, spec.cpu_sched, control_cores, engine_core_ids)}
+    if batched:
+        log.info("sched_batch", services=sorted(batched))
     sd_path = spec.metrics_sd_file or default_sd_path(spec.port)
 
     def publish_targets(now: Sequence[Child]) -> None:
@@ -140,7 +146,8 @@ def _launch(spec: GraphSpec, curve_root: Path | None) -> int:
         # The child sets its cores and parent-death signal itself (cli/child_setup.py): no preexec_fn in a
         # launcher with ZeroMQ threads running.
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", *with_options(cmd, common)], start_new_session=True,
-                                env={**env, **control_plane_env(cmd[0]), **launcher_env(os.getpid(), cores)})
+                                env={**env, **control_plane_env(cmd[0]),
+                                     **launcher_env(os.getpid(), cores, cmd[0] in batched)})
         child = Child(service=cmd[0], cmd=cmd, proc=proc, started_s=time.monotonic())
         if cmd[0] == "worker":
             child.role, child.worker_id = cmd[cmd.index("--role") + 1], cmd[cmd.index("--worker-id") + 1]

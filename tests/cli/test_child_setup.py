@@ -23,7 +23,8 @@ apply_launcher_setup()
 sig = ctypes.c_int()
 ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
 print(json.dumps({"cores": sorted(os.sched_getaffinity(0)), "sig": sig.value,
-                  "env": sorted(k for k in os.environ if k.startswith("SPLITSERVE_LAUNCHER"))}))
+                  "env": sorted(k for k in os.environ if k.startswith("SPLITSERVE_LAUNCHER")),
+                  "batch": os.sched_getscheduler(0) == os.SCHED_BATCH}))
 """
 
 
@@ -43,12 +44,19 @@ def test_child_pins_itself_sets_its_death_signal_and_clears_the_variables() -> N
     core = min(os.sched_getaffinity(0))
     result = run_child(REPORT, launcher_env(os.getpid(), frozenset({core})))
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"cores": [core], "sig": int(signal.SIGINT), "env": []}
+    assert json.loads(result.stdout) == {"cores": [core], "sig": int(signal.SIGINT), "env": [], "batch": False}
+
+
+def test_child_asked_to_batch_runs_under_sched_batch() -> None:
+    result = run_child(REPORT, launcher_env(os.getpid(), frozenset(), batch=True))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["batch"] is True and json.loads(result.stdout)["env"] == []
 
 
 def test_without_the_variables_nothing_changes() -> None:
     result = run_child(REPORT, {})
-    assert json.loads(result.stdout) == {"cores": sorted(os.sched_getaffinity(0)), "sig": 0, "env": []}
+    assert json.loads(result.stdout) == {"cores": sorted(os.sched_getaffinity(0)), "sig": 0, "env": [],
+                                         "batch": False}
 
 
 def test_cores_the_machine_lacks_are_left_unapplied() -> None:
