@@ -5,9 +5,9 @@ loop: about ten wake-ups a request. Under the default policy (SCHED_OTHER) each 
 that core, so on a saturated core the sender is switched out after every message and back in for the next one.
 SCHED_BATCH marks a process as throughput-bound: the kernel never preempts a running task to run it on wake-up (it
 waits for an idle core or the tick, 4 ms at HZ=250), so a process runs until its work is done and handles the
-messages that came meanwhile in one turn. Measured (`python -m bench.peers --suite serving-layer`, zero-delay
-mocks, 2 cores): the same requests took 0.61-0.64 ms of server CPU instead of 0.90-1.03, and 2,190-2,250 req/s
-instead of 1,380-1,540 (docs/measuring.md#the-serving-layer-alone-against-nvidia-dynamo).
+messages that came meanwhile in one turn. Measured on the serving layer alone (zero-delay mocks, 2 cores, 5
+alternated pairs): 0.64-0.84 ms of server CPU a request instead of 1.01-1.21, 1,616-2,110 req/s instead of
+1,161-1,334 (docs/measuring.md#the-serving-layer-alone-against-nvidia-dynamo).
 
 The price is latency where a wake-up has to take a core from a busy process: up to a tick before a frontend waiting
 on a core that a prefill engine is computing on would stream the next token. So ``auto`` batches only processes
