@@ -68,6 +68,9 @@ ARMS = {a.name: a for a in (
         "vLLM's NixlConnector)", True, ("--prefill", "1", "--decode", "1"), kv_transfer="pull"),
     Arm("ss-pd-remote", "splitserve", "splitserve P/D, every prompt prefilled remotely (--local-prefill-max-tokens 0)",
         True, ("--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "0")),
+    Arm("ss-pd-batch", "splitserve", "splitserve P/D, `up` defaults but the control plane (on the prefill engine's "
+        "core) under SCHED_BATCH (--cpu-sched batch; auto leaves a control plane that shares an engine's core "
+        "as it is)", True, ("--prefill", "1", "--decode", "1", "--cpu-sched", "batch")),
     Arm("ss-pd-tier", "splitserve", "splitserve P/D, `up` defaults with its KV tier (kvtier, a host-memory pool "
         "on the prefill core): blocks the engines evict come back from host memory on a prefix hit", True,
         ("--prefill", "1", "--decode", "1"), kvtier=True),
