@@ -118,6 +118,43 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    """req/s and CPU ms a request (server, client) of every run in run order, coloured by arm; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    runs = [r for r in doc["runs"] if "requests_per_s" in r]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    color = {arm: f"C{i}" for i, arm in enumerate(arms)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), dpi=90)
+    xs = [r["index"] for r in runs]
+    axes[0].bar(xs, [r["requests_per_s"] for r in runs], color=[color[r["arm"]] for r in runs])
+    axes[0].set_ylabel("requests/s")
+    server = [r["cpu_ms_per_request"]["server_total"] for r in runs]
+    axes[1].bar(xs, server, color=[color[r["arm"]] for r in runs])
+    axes[1].bar(xs, [r.get("client_cpu_ms_per_request", 0.0) for r in runs], bottom=server, color="lightgrey",
+                label="client")
+    axes[1].set_ylabel("CPU ms a request (server, client on top)")
+    for ax in axes:
+        ax.set_xlabel("run, in order")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=color[a]) for a in arms], labels=arms, fontsize=8)
+    axes[1].legend(fontsize=8)
+    cond = doc["conditions"]
+    fig.suptitle(f"serving layer alone: {cond['workers']} zero-delay mocks, c={cond['concurrency']}, "
+                 f"{cond['max_tokens']} tokens, {cond['num_requests']} requests a run ({cond['timestamp'][:10]})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.peers --suite serving-layer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +216,7 @@ def main(argv: list[str]) -> None:
             print(f"  failed: {run.get('error')}", flush=True)
         write_result(args.out, doc)
     doc["summary"] = summarize(doc["runs"])
+    doc["plot"] = plot(doc, args.out.with_suffix(".png"))
     finish(cond)
     cond["elapsed_s"] = round(time.monotonic() - began, 1)
     write_result(args.out, doc)

@@ -88,6 +88,19 @@ def test_serving_layer_pairs_each_splitserve_arm_with_dynamos_runs_in_order() ->
     assert both["goal_met"] == {"splitserve-inproc": False, "splitserve": True}
 
 
+def test_serving_layer_goal_counts_dynamo_as_shipped_and_shows_dynamo_batched_apart(tmp_path: Path) -> None:
+    from bench.peers_serving import plot, summarize
+
+    runs = [_serving_run("splitserve", 2000), _serving_run("dynamo", 1000), _serving_run("dynamo-batch", 1250)]
+    out = summarize(runs)
+    assert out["ratio_per_pair"] == {"splitserve": [2.0]} and out["ratio_of_means_vs_dynamo_batch"] == {
+        "splitserve": 1.6}
+    doc = {"runs": [{**r, "index": i, "client_cpu_ms_per_request": 0.2} for i, r in enumerate(runs)],
+           "conditions": {"workers": 2, "concurrency": 64, "max_tokens": 16, "num_requests": 100,
+                          "timestamp": "2026-12-07T00:00:00Z"}}
+    assert plot(doc, tmp_path / "serving.png") == "serving.png" and (tmp_path / "serving.png").stat().st_size > 0
+
+
 def test_dynamo_instances_counted_from_the_file_store(tmp_path: Path) -> None:
     from bench.peers_dynamo import _registered
 
