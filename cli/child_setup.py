@@ -32,8 +32,12 @@ def apply_launcher_setup(environ: MutableMapping[str, str] = os.environ) -> None
     parent = environ.pop(PARENT_PID_ENV, "")
     cores_text = environ.pop(CORES_ENV, "")
     if environ.pop(SCHED_ENV, "") == "batch":
-        # Before any thread starts (ZeroMQ's I/O thread inherits it). Needs no privilege: priority 0, not real-time.
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        # Before any thread starts (ZeroMQ's I/O thread inherits it). Needs no privilege (priority 0, not
+        # real-time), but a sandbox may refuse the call: the policy only saves CPU, so the service runs without it.
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError as exc:
+            print(f"splitserve: SCHED_BATCH refused ({exc}); running under the default policy", file=sys.stderr)
     if cores_text:
         cores = {int(c) for c in cores_text.split(",")}
         if cores <= os.sched_getaffinity(0):  # a launcher's choice this machine cannot honour is left unapplied

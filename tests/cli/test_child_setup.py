@@ -53,6 +53,15 @@ def test_child_asked_to_batch_runs_under_sched_batch() -> None:
     assert json.loads(result.stdout)["batch"] is True and json.loads(result.stdout)["env"] == []
 
 
+def test_a_refused_sched_batch_leaves_the_child_running_under_the_default_policy() -> None:
+    # As a seccomp profile or a container runtime that refuses sched_setscheduler would.
+    refusing = ("import os\ndef refuse(*_):\n    raise PermissionError(1, 'Operation not permitted')\n"
+                "os.sched_setscheduler = refuse\n")
+    result = run_child(refusing + REPORT, launcher_env(os.getpid(), frozenset(), batch=True))
+    assert result.returncode == 0, result.stderr
+    assert "SCHED_BATCH refused" in result.stderr and json.loads(result.stdout)["batch"] is False
+
+
 def test_without_the_variables_nothing_changes() -> None:
     result = run_child(REPORT, {})
     assert json.loads(result.stdout) == {"cores": sorted(os.sched_getaffinity(0)), "sig": 0, "env": [],
