@@ -63,15 +63,24 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"by_arm": by_arm, "pairs": pairs}
 
 
-def plot(doc: dict[str, Any], path: Path) -> str | None:
-    """goodput, TPOT p90 and ITL p99 against offered rate, one marker per run of each arm; None without
-    matplotlib."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display); None where matplotlib is not installed (a bench
+    dependency: the run then writes its JSON without a plot)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    """goodput, TPOT p90 and ITL p99 against offered rate, one marker per run of each arm; None without
+    matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return None
     by_arm = doc.get("summary", {}).get("by_arm", {})
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), dpi=90)

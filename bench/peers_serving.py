@@ -32,6 +32,7 @@ from bench.lib.load import run_load_sync
 from bench.lib.machine import loadavg
 from bench.lib.procs import CLK_TCK
 from bench.lib.results import RESULTS, conditions, ensure_tiny_model, finish, write_result
+from bench.peers_report import pyplot
 from bench.peers_dynamo import DYNAMO_VERSION, SPEEDUP_RATIO, VENV, ensure_venv, start_dynamo
 from tests.harness.graph import REPO, start_graph
 
@@ -119,16 +120,11 @@ def summarize(runs: list[dict]) -> dict[str, Any]:
 
 
 def plot(doc: dict[str, Any], path: Path) -> str | None:
-    """req/s and CPU ms a request (server, client) of every run in run order, coloured by arm; None without
-    matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    """Every run in run order, coloured by arm: its req/s, and its CPU ms a request (server, client on top). None
+    without matplotlib."""
     runs = [r for r in doc["runs"] if "requests_per_s" in r]
+    if (plt := pyplot()) is None:
+        return None
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     color = {arm: f"C{i}" for i, arm in enumerate(arms)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), dpi=90)
