@@ -97,7 +97,7 @@ def run_point(args: argparse.Namespace, running: Running, arm_name: str, index: 
     cfg = BenchConfig(url=running.url, endpoint="completions", workload=spec, **load,
                       num_requests=args.num_requests, max_duration_s=args.max_duration_s, timeout_s=args.timeout_s,
                       # Every arm gets the same arrivals and prompts at a rate (each arm starts on fresh engines).
-                      slo=parse_slo(args.slo), seed=args.seed, prompt_salt=args.seed * 1000 + round(rate * 1000),
+                      slo=parse_slo(args.slo), seed=args.seed, warm_prefixes=args.warm_prefixes, prompt_salt=args.seed * 1000 + round(rate * 1000),
                       output=Path(args.log_dir) / f"peers-{index}-{arm_name}-{rate:g}", label=arm_name,
                       conditions={"pd": "1:1" if pd else "0:2 (aggregated)", "arm": arm_name}, progress=False,
                       plots=False, argv=["python", "-m", "bench.peers"])
@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix")
     ap.add_argument("--prefix-len", type=int, default=1536, help="shared-prefix: tokens")
     ap.add_argument("--suffix-len", default="64", help="shared-prefix")
+    ap.add_argument("--warm-prefixes", action="store_true", help="shared-prefix: send each prefix once before each "
+                    "point, one at a time (steady state: a fleet that has served its prefixes before)")
     ap.add_argument("--turns", default="4", help="multi-turn")
     ap.add_argument("--think-time-s", default="0", help="multi-turn")
     ap.add_argument("--slo", default=SLO)
@@ -257,7 +259,8 @@ def main() -> None:
         "arms": {a: ARMS[a].what for a in dict.fromkeys(order)}, "order": order,
         "workload": {**workload_spec(args).describe(), "arrivals": "open loop, Poisson", "prompts": "random "
                      "token ids salted per point (no hits across points; within one: what the workload shares)",
-                     "temperature": 0,
+                     "temperature": 0, "warm_prefixes": args.warm_prefixes and "each prefix sent once "
+                     "(+16 tokens of its own, max_tokens 1), one at a time, before each point",
                      "ignore_eos": True, "endpoint": "/v1/completions, stream, continuous usage"},
         "num_requests_per_point": args.num_requests, "slo": args.slo, "also_slo": args.also_slo, "splitserve_kv_transfer": args.kv_transfer,
         "transfer_backend": "NIXL UCX (vLLM NixlConnector / NixlPushConnector), kv_buffer_device cpu",

@@ -45,6 +45,8 @@ def bench(
     prefix_len: int = typer.Option(512, help="shared-prefix: tokens per prefix"),
     suffix_len: str = typer.Option("64", help="shared-prefix: unique tokens after the prefix (a distribution)"),
     prefix_skew: float = typer.Option(0.0, help="shared-prefix: Zipf exponent of prefix popularity (0 uniform)"),
+    warm_prefixes: bool = typer.Option(False, help="shared-prefix: send each prefix once before each point "
+                                       "(the caches of a server that has served them before)"),
     turns: str = typer.Option("4", help="multi-turn: turns per session (a distribution)"),
     think_time_s: str = typer.Option("0", help="multi-turn: seconds between a turn's answer and the next turn"),
     trace: Optional[Path] = typer.Option(None, help="trace: Mooncake-style JSONL (timestamp ms, input_length, "
@@ -94,8 +96,8 @@ def bench(
         cfg = BenchConfig(
             url=url, model=model, endpoint=endpoint, workload=spec, concurrency=conc,
             rate=_floats(rate, "--rate"), max_concurrency=max_concurrency, num_requests=num_requests,
-            max_duration_s=max_duration_s, timeout_s=timeout_s, warmup=warmup, slo=parse_slo(slo), seed=seed,
-            prompt_salt=prompt_salt,
+            max_duration_s=max_duration_s, timeout_s=timeout_s, warmup=warmup, warm_prefixes=warm_prefixes,
+            slo=parse_slo(slo), seed=seed, prompt_salt=prompt_salt,
             output=output, label=label, conditions=parse_conditions(conditions), allow_remote=allow_remote,
             progress=progress, plots=plots, api_key=api_key, ignore_eos=ignore_eos,
             continuous_usage=continuous_usage, argv=["splitserve", *sys.argv[1:]])

@@ -19,7 +19,7 @@ from bench.lib.machine import machine
 from bench.lib.report import SCHEMA, now_iso, validate
 from bench.lib.runner import PointRun, Progress, RequestParams, dumps, request_rows, run_point
 from bench.lib.server import Target, is_loopback, metric_deltas, scrape, server_facts, server_models
-from bench.lib.workloads import WorkloadSpec, make_workload, poisson_arrivals
+from bench.lib.workloads import WorkloadSpec, make_workload, poisson_arrivals, prefix_warmup
 
 
 class BenchError(Exception):
@@ -39,6 +39,8 @@ class BenchConfig:
     max_duration_s: float = 300.0
     timeout_s: float = 300.0
     warmup: int = 0
+    # shared-prefix: before each point, one request per prefix of that point (bench/lib/workloads.py prefix_warmup)
+    warm_prefixes: bool = False
     slo: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     # Mixed into every token (not into arrival times). None: a fresh random salt per run, recorded in the JSON.
@@ -99,7 +101,9 @@ def base_conditions(cfg: BenchConfig, target: Target, model: str, models: list[s
         if not (cfg.workload.kind == "trace" and not cfg.concurrency and not cfg.rate)
         else {"param": "trace", "values": [None]},
         "num_requests": cfg.num_requests, "max_duration_s": cfg.max_duration_s, "timeout_s": cfg.timeout_s,
-        "warmup_requests": cfg.warmup, "seed": cfg.seed, "slo": cfg.slo, "user": user,
+        "warmup_requests": cfg.warmup,
+        "warm_prefixes": cfg.warm_prefixes and "one request per shared prefix, one at a time, before each point",
+        "seed": cfg.seed, "slo": cfg.slo, "user": user,
         "pd_split": user.get("pd") or user.get("pd_split") or facts.get("pd_split"),
         "block_size": int(user["block_size"]) if user.get("block_size", "").isdigit() else facts.get("block_size"),
         "transfer_backend": _transfer_backend(cfg, facts),
@@ -162,6 +166,8 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict[str
         raise BenchError("--endpoint must be completions or chat")
     if cfg.num_requests < 1:
         raise BenchError("--num-requests must be >= 1")
+    if cfg.warm_prefixes and cfg.workload.kind != "shared-prefix":
+        raise BenchError("--warm-prefixes needs --workload shared-prefix")
     loads = _load_points(cfg)
     if cfg.prompt_salt is None:
         cfg.prompt_salt = int.from_bytes(os.urandom(3), "little")
@@ -202,6 +208,13 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict[str
             wl = load if load["mode"] == "closed" else {**load, "mode": "closed", "concurrency": 1}
             _run(target, warm, params, {**wl, "concurrency": wl["concurrency"] or 1}, None, cfg,
                  name + " warmup", sum(len(s.turns) for s in warm))
+        if cfg.warm_prefixes:
+            warm = prefix_warmup(cfg.workload, cfg.seed, salt)
+            run = _run(target, warm, params, {"concurrency": 1}, None, cfg, name + " warm prefixes", len(warm))
+            failed = [s.result.error for s in run.sent if not s.result.ok]
+            if failed or len(run.sent) < len(warm):
+                raise BenchError(f"warming prefixes: {len(warm) - len(run.sent) + len(failed)} of {len(warm)} failed "
+                                 f"({failed[0] if failed else 'not sent'})")
         arrivals = _arrivals(cfg, load, sessions, salt)
         before = scrape(target)
         load_before, cpu_before = os.getloadavg(), self_cpu_s()

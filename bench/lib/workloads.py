@@ -192,7 +192,7 @@ class TokenSource:
         return tuple(rng.integers(self.lo, self.hi, n).tolist())
 
 
-_PREFIX, _UNIQUE, _HASH, _ANSWER = 1, 2, 3, 4
+_PREFIX, _UNIQUE, _HASH, _ANSWER, _WARM = 1, 2, 3, 4, 5
 
 
 def _zipf_weights(n: int, skew: float) -> list[float]:
@@ -250,6 +250,17 @@ def make_workload(spec: WorkloadSpec, num_requests: int, seed: int, salt: int = 
         return trace_sessions(load_trace(Path(spec.trace), num_requests), src, spec.block_tokens,
                               spec.trace_time_scale)
     raise ValueError(f"unknown workload {spec.kind!r}; known: {', '.join(WORKLOADS)}")
+
+
+def prefix_warmup(spec: WorkloadSpec, seed: int, salt: int, suffix_len: int = 16) -> list[Session]:
+    """One request per shared prefix of the point ``make_workload(spec, n, seed, salt)`` draws, each with its own
+    ``suffix_len`` tokens (no measured prompt equals one) and one output token: sent before a point, they put the
+    whole prefix working set in the server's caches, as a fleet that has served these prefixes before has them."""
+    if spec.kind != "shared-prefix":
+        raise ValueError("warming prefixes needs the shared-prefix workload")
+    src = TokenSource(seed, salt, spec.vocab_range)
+    return [Session((Turn((Segment("user", src.block(_PREFIX, p, spec.prefix_len) + src.block(_WARM, p, suffix_len)),),
+                          1),), tag=f"prefix-{p}") for p in range(spec.num_prefixes)]
 
 
 def long_mix_sessions(spec: WorkloadSpec, num_requests: int, rng: random.Random, src: TokenSource) -> list[Session]:

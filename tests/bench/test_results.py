@@ -70,6 +70,27 @@ def test_targets_and_loopback():
         run_bench(BenchConfig(url="http://10.0.0.1:9", num_requests=1), echo=lambda s: None)
 
 
+def test_warm_prefixes_sends_each_prefix_once_before_each_point_and_fails_loudly(tmp_path):
+    spec = WorkloadSpec(kind="shared-prefix", num_prefixes=3, prefix_len=16, suffix_len="4", osl="5")
+    with FakeServer() as server:
+        cfg = BenchConfig(url=server.url, workload=spec, concurrency=[2, 2], num_requests=6, warm_prefixes=True,
+                          output=tmp_path / "w", progress=False, plots=False)
+        doc = run_bench(cfg, echo=lambda s: None)
+        bodies = server.bodies
+    assert len(bodies) == 2 * (3 + 6)
+    for point in range(2):
+        warm, measured = bodies[point * 9:point * 9 + 3], bodies[point * 9 + 3:point * 9 + 9]
+        assert all(b["max_tokens"] == 1 for b in warm) and all(b["max_tokens"] == 5 for b in measured)
+        assert {tuple(b["prompt"][:16]) for b in measured} <= {tuple(b["prompt"][:16]) for b in warm}
+    assert doc["points"][0]["results"]["num_requests"] == 6  # the warm-up is not measured
+    assert doc["conditions"]["warm_prefixes"]
+    with pytest.raises(BenchError, match="shared-prefix"):
+        run_bench(BenchConfig(url="http://127.0.0.1:9", warm_prefixes=True), echo=lambda s: None)
+    with FakeServer(fail_every=1) as server, pytest.raises(BenchError, match="warming prefixes: 3 of 3 failed"):
+        run_bench(BenchConfig(url=server.url, workload=spec, concurrency=[1], num_requests=2, warm_prefixes=True,
+                              output=tmp_path / "f", progress=False, plots=False), echo=lambda s: None)
+
+
 def test_run_json_schema_plots_and_compare(tmp_path):
     with FakeServer(chunk_tokens=2, fail_every=10) as server:
         cfg = BenchConfig(url=server.url, workload=WorkloadSpec(kind="synthetic", isl="uniform:8:16", osl="6"),

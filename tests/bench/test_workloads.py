@@ -15,6 +15,7 @@ from bench.lib.workloads import (
     chat_messages,
     make_workload,
     poisson_arrivals,
+    prefix_warmup,
     trace_prompt,
 )
 
@@ -67,6 +68,22 @@ def test_shared_prefix_shares_prefixes_with_zipf_skew():
     uniform = Counter(s.tag for s in make_workload(
         WorkloadSpec(kind="shared-prefix", num_prefixes=4, prefix_len=8, suffix_len="2"), 400, seed=1))
     assert max(uniform.values()) < 2 * min(uniform.values())
+
+
+def test_prefix_warmup_sends_each_prefix_of_the_point_once():
+    spec = WorkloadSpec(kind="shared-prefix", num_prefixes=3, prefix_len=32, suffix_len="8", osl="4")
+    measured = [s.turns[0].tokens for s in make_workload(spec, 60, seed=1, salt=7)]
+    warm = prefix_warmup(spec, seed=1, salt=7)
+    assert [s.tag for s in warm] == ["prefix-0", "prefix-1", "prefix-2"]
+    assert all(len(s.turns) == 1 and s.turns[0].osl == 1 and s.turns[0].isl == 32 + 16 for s in warm)
+    # Every measured prompt starts with one warmed prefix; none equals a warm-up prompt.
+    assert {tuple(t[:32]) for t in measured} == {tuple(s.turns[0].tokens[:32]) for s in warm}
+    assert not {tuple(t) for t in measured} & {tuple(s.turns[0].tokens) for s in warm}
+    # Another point's salt: other prefixes.
+    other = prefix_warmup(spec, seed=1, salt=8)
+    assert not {tuple(s.turns[0].tokens[:32]) for s in other} & {tuple(t[:32]) for t in measured}
+    with pytest.raises(ValueError, match="shared-prefix"):
+        prefix_warmup(WorkloadSpec(kind="synthetic"), seed=1, salt=7)
 
 
 def test_multi_turn_history_grows():
