@@ -13,9 +13,14 @@ FIELDS = {"goodput_rps": ("goodput_requests_per_s",), "rps": ("requests_per_s",)
           "ttft_p50_ms": ("ttft_ms", "p50"), "ttft_p99_ms": ("ttft_ms", "p99"), "itl_p50_ms": ("itl_ms", "p50"),
           "itl_p99_ms": ("itl_ms", "p99"), "tpot_p50_ms": ("tpot_ms", "p50"), "tpot_p90_ms": ("tpot_ms", "p90"),
           "slo_attainment": ("slo_attainment",)}
-# (candidate, baseline) pairs the issue's goals compare.
-PAIRS = (("ss-pd", "vllm-pd"), ("ss-pd-remote", "vllm-pd"), ("ss-pd-tier", "vllm-pd"), ("ss-pd", "vllm-agg"), ("ss-agg", "vllm-agg"),
-         ("vllm-pd", "vllm-pd-shipped"))
+# The baselines the issue's goals compare every splitserve arm (``ss-*``) with, and vLLM's P/D with itself shipped.
+BASELINES = ("vllm-pd", "vllm-agg")
+
+
+def pairs_of(arms: list[str]) -> list[tuple[str, str]]:
+    """(candidate, baseline) for every splitserve arm and baseline of a run, in the run's order."""
+    pairs = [(cand, base) for cand in arms if cand.startswith("ss-") for base in BASELINES if base in arms]
+    return pairs + ([("vllm-pd", "vllm-pd-shipped")] if {"vllm-pd", "vllm-pd-shipped"} <= set(arms) else [])
 
 
 def _get(results: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -47,9 +52,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             by_arm.setdefault(run["arm"], {}).setdefault(f"{point['rate']:g}", []).append(
                 {"index": run["index"], "profiled": point.get("profiled", False), **point_figures(point)})
     pairs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for cand, base in PAIRS:
-        if cand not in by_arm or base not in by_arm:
-            continue
+    for cand, base in pairs_of(list(by_arm)):
         for rate, cand_points in by_arm[cand].items():
             for a, b in zip(cand_points, by_arm[base].get(rate, [])):
                 pairs.setdefault(f"{cand}/{base}", {}).setdefault(rate, []).append(

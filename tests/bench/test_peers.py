@@ -47,6 +47,14 @@ def test_pairs_are_kth_run_against_kth_run() -> None:
     assert [(p["indices"], p["goodput_rps_ratio"]) for p in pairs] == [([0, 1], 2.0), ([2, 3], 0.25)]
 
 
+def test_every_splitserve_arm_is_paired_with_each_baseline_of_its_run() -> None:
+    runs = [_run("ss-pd-remote", 0, 0.3), _run("vllm-agg", 1, 0.1), _run("ss-agg", 2, 0.2), _run("vllm-pd", 3, 0.4),
+            _run("vllm-pd-shipped", 4, 0.2)]
+    assert sorted(summarize(runs)["pairs"]) == ["ss-agg/vllm-agg", "ss-agg/vllm-pd", "ss-pd-remote/vllm-agg",
+                                                "ss-pd-remote/vllm-pd", "vllm-pd/vllm-pd-shipped"]
+    assert summarize(runs)["pairs"]["ss-pd-remote/vllm-agg"]["0.25"][0]["goodput_rps_ratio"] == 3.0
+
+
 @pytest.mark.parametrize("argv, kind, isl_of_first", [
     ([], "synthetic", None),
     (["--workload", "long-mix", "--isl", "64", "--long-isl", "2048", "--long-fraction", "1"], "long-mix", 2048),
