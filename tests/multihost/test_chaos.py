@@ -1,4 +1,4 @@
-"""Two minutes of bench/chaos.py on the four-host mock graph: random kill -9, SIGSTOP, link-down and CPU-hog
+"""A minute of bench/chaos.py on the four-host mock graph: random kill -9, SIGSTOP, link-down and CPU-hog
 faults under streaming load, and every invariant of the 20-minute run (docs/measuring.md#chaos) asserted."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from common.errors import HostsUnavailable
 pytestmark = pytest.mark.multihost
 
 
-def test_two_minutes_of_chaos_lose_nothing(tmp_path: Path) -> None:
+def test_a_minute_of_chaos_loses_nothing(tmp_path: Path) -> None:
     try:
         check_available()
     except HostsUnavailable as exc:
@@ -26,9 +26,9 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # A request still open after 120 s is lost, as in the 20-minute run (faults hold some for tens of seconds).
-    # Seed 2: in 100 s a decode worker killed and restarted, SIGSTOPs of a kvtier, a router and a prefill worker,
-    # and the routers' host cut off (schedule in bench/chaos_checks.py).
-    proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--duration-s", "100", "--seed", "2",
+    # Seed 946: in 60 s a prefill worker's link cut for 3 s, a decode worker SIGSTOPped for 5 s, then a router's
+    # link cut, then that decode worker killed mid-stream and restarted (schedule in bench/chaos_checks.py).
+    proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--duration-s", "60", "--seed", "946",
                            "--request-timeout-s", "120", "--settle-s", "60", "--out", str(out),
                            "--log-dir", str(tmp_path)], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=420, check=False)
