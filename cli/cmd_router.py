@@ -60,6 +60,8 @@ def router(
     queue_aware_local: bool = typer.Option(False, help="kv: a long prefill queue sends prompts back to their "
                                            "decode worker (default: only the prompt's own work and moving its KV "
                                            "decide local vs remote)"),
+    idle_decode_prefills: bool = typer.Option(True, help="kv: a decode worker without streams prefills a prompt "
+                                              "itself when it would finish before the busy prefill pool"),
     same_node_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth within a node "
                                                           "until measured"),
     same_zone_bytes_per_s: Optional[float] = typer.Option(None, help="kv: KV link bandwidth between nodes of "
@@ -109,7 +111,8 @@ def router_config(endpoint: str, policy: str, local_prefill_max_tokens: int, loc
                   events_endpoint: str, events_advertise: str, heartbeat_timeout_s: float, metrics_port: int,
                   metrics_host: str, prefill_weight: float | None, queue_weight: float | None,
                   busy_threshold: float | None, cost_profile: Path | None, prefill_tokens_per_s: float | None,
-                  local_prefill_factor: float | None, queue_aware_local: bool, same_node_bytes_per_s: float | None,
+                  local_prefill_factor: float | None, queue_aware_local: bool, idle_decode_prefills: bool,
+                  same_node_bytes_per_s: float | None,
                   same_zone_bytes_per_s: float | None, cross_zone_bytes_per_s: float | None,
                   same_node_latency_s: float | None, same_zone_latency_s: float | None,
                   cross_zone_latency_s: float | None, link_min_samples: int | None,
@@ -131,7 +134,9 @@ def router_config(endpoint: str, policy: str, local_prefill_max_tokens: int, loc
                                ("min_samples", link_min_samples)) if v is not None}
     cost = _cost_config(cost_profile, links, {k: v for k, v in (("prefill_tokens_per_s", prefill_tokens_per_s),
                                                                 ("local_prefill_factor", local_prefill_factor),
-                                                                ("queue_aware_local", queue_aware_local or None))
+                                                                ("queue_aware_local", queue_aware_local or None),
+                                                                ("idle_decode_prefills",
+                                                                 None if idle_decode_prefills else False))
                                               if v is not None})
     config = RouterConfig(endpoint=endpoint, events_endpoint=events_bind, events_advertise=events_advertise,
                           heartbeat_timeout_s=heartbeat_timeout_s, metrics_port=metrics_port,

@@ -148,6 +148,9 @@ def up(
                                                           "its own)", rich_help_panel=ROUTING),
     router_busy_threshold: Optional[float] = typer.Option(None, help="Router's busy threshold (default: its own)",
                                                           rich_help_panel=ROUTING),
+    router_idle_decode_prefills: bool = typer.Option(True, help="A decode worker without streams prefills a prompt "
+                                                     "itself when it would finish before the busy prefill pool",
+                                                     rich_help_panel=ROUTING),
     # KV tier
     no_kvtier: bool = typer.Option(False, "--no-kvtier", help="Run without the shared KV tier",
                                    rich_help_panel=KVTIER),
@@ -307,6 +310,7 @@ def up(
                      router_port=router_port, router_metrics_port=router_metrics_port, num_routers=routers,
                      router_in_frontend=router_in_frontend,
                      router_prefill_weight=router_prefill_weight, router_busy_threshold=router_busy_threshold,
+                     router_idle_decode_prefills=router_idle_decode_prefills,
                      router_link_min_samples=router_link_min_samples,
                      log_level=log_level, log_json=log_json, decode_max_batched_tokens=decode_max_batched_tokens,
                      pin_control_plane=pin_control_plane, cpu_sched=cpu_sched, metrics_sd_file=metrics_sd_file,

@@ -97,6 +97,7 @@ class GraphSpec:
     router_prefill_weight: float | None = None  # None: the router's default
     router_busy_threshold: float | None = None
     router_link_min_samples: int | None = None
+    router_idle_decode_prefills: bool = True  # the router's --idle-decode-prefills
     log_level: str = "info"
     log_json: bool = False
     # Seconds to wait for /health to turn 200 (vLLM engines take seconds to a minute to start).
@@ -259,6 +260,8 @@ def router_command(spec: GraphSpec, endpoint: str, index: int = 0) -> list[str]:
         cmd += ["--busy-threshold", str(spec.router_busy_threshold)]
     if spec.router_link_min_samples is not None:
         cmd += ["--link-min-samples", str(spec.router_link_min_samples)]
+    if not spec.router_idle_decode_prefills:
+        cmd.append("--no-idle-decode-prefills")
     return cmd + tracing_args(spec.otlp_traces_endpoint)
 
 

@@ -32,8 +32,9 @@ from services.router.topology import RELATION_RANK, Link, Place, Relation, Topol
 
 # remote: the cheapest remote pair (ties -> the closest); local_cheaper: computing the prompt remotely and
 # moving its KV (with queue_aware_local: and the queues) costs more than computing it on the decode worker;
-# no_remote: no prefill worker to price.
-CostReason = Literal["remote", "local_cheaper", "no_remote"]
+# idle_decode: the decode worker has no streams and computes the prompt sooner than the remote worker would
+# through its queue (``idle_decode_prefills``); no_remote: no prefill worker to price.
+CostReason = Literal["remote", "local_cheaper", "idle_decode", "no_remote"]
 # Prompt length at which a profile's prefill rate is read: a typical chunk, past the per-step overhead.
 PROFILE_RATE_TOKENS = 1024
 
@@ -58,6 +59,14 @@ class CostConfig:
     # computing it on the decode worker), and queues only pick among prefill workers; a full prefill pool
     # still goes local at PolicyConfig.prefill_queue_limit, as before (one host keeps today's choices).
     queue_aware_local: bool = False
+    # True: a decode worker with no streams (none running, waiting or due) is one more prefill engine while the
+    # prefill pool is busy. Nothing there to stall, so its prefill is priced at its queue and compute alone (no
+    # local_prefill_factor) against the remote worker's queue and compute, and goes local when done sooner by
+    # more than equal_tolerance. The move is left out: it would make every idle pair prefill locally to save
+    # this prompt a transfer, while the decode worker's next arrivals waited out the prefill; with a queue at
+    # the prefill pool they would have waited there too, and the pool's queue is one prompt shorter (long-mix:
+    # a 2,048-token prompt waited out another on the one CPU prefill engine, docs/measuring.md).
+    idle_decode_prefills: bool = True
     topology: TopologyConfig = field(default_factory=TopologyConfig)
 
     def __post_init__(self) -> None:
@@ -139,10 +148,21 @@ def local_prefill_s(num_prompt_tokens: int, decode: Site, config: CostConfig, wi
     return compute_s * (config.local_prefill_factor + config.decode_interference_per_stream * decode.load.num_running)
 
 
+def own_work_s(num_prompt_tokens: int, site: Site, config: CostConfig) -> float:
+    """Seconds of prefill on ``site`` before this prompt's KV is there: its queue, then the uncached tokens."""
+    uncached = max(num_prompt_tokens - site.num_cached_tokens, 0)
+    return (queued_tokens(site.load, config) + uncached) / prefill_rate(site.load, config, site.peer_tokens_per_s)
+
+
+def streaming(decode: Site) -> bool:
+    """Whether ``decode`` has streams a prefill there would stall: running, waiting (routed-since-report requests
+    count, as ``effective_load`` adds them as waiting) or hand-offs still due."""
+    return decode.load.num_running + decode.load.num_waiting + decode.num_handoffs_due > 0
+
+
 def predicted_stall_s(num_prompt_tokens: int, decode: Site, config: CostConfig) -> float:
-    """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams;
-    routed-since-report requests count, as ``effective_load`` adds them as waiting, and hand-offs still due)."""
-    if decode.load.num_running + decode.load.num_waiting + decode.num_handoffs_due == 0:
+    """Seconds a local prefill of the uncached tokens would stall the streams on ``decode`` (0 without streams)."""
+    if not streaming(decode):
         return 0.0
     uncached = max(num_prompt_tokens - decode.num_cached_tokens, 0)
     return uncached / prefill_rate(decode.load, config, decode.peer_tokens_per_s)
@@ -194,6 +214,10 @@ def choose_prefill(num_prompt_tokens: int, decode: Site, prefill_sites: Sequence
         go_local = own_local_s < cost.compute_s + cost.transfer_s
     if go_local and predicted_stall_s(num_prompt_tokens, decode, config) <= max_stall_s:
         return PrefillChoice(None, local_s, "local_cheaper", local_s)
+    if config.idle_decode_prefills and not streaming(decode):
+        idle_s = own_work_s(num_prompt_tokens, decode, config)
+        if idle_s < (cost.queue_s + cost.compute_s) * (1 - config.equal_tolerance):
+            return PrefillChoice(None, idle_s, "idle_decode", idle_s)
     return PrefillChoice(site.worker_id, cost.total_s, "remote", local_s, cost.link.relation, cost.transfer_s)
 
 
@@ -215,11 +239,9 @@ def choose_pair(num_prompt_tokens: int, decode_sites: Sequence[Site], prefill_si
     if not decode_sites:
         raise ValueError("choose_pair needs a decode site")
     decode_reps = _best_per_place(decode_sites, lambda s: (_load_key(s.load), s.worker_id))
-    def own_work_s(site: Site) -> float:  # queue + compute: all that differs between workers at one place
-        uncached = max(num_prompt_tokens - site.num_cached_tokens, 0)
-        return (queued_tokens(site.load, config) + uncached) / prefill_rate(site.load, config, site.peer_tokens_per_s)
-
-    prefill_reps = _best_per_place(prefill_sites, lambda s: (own_work_s(s), _load_key(s.load), s.worker_id))
+    # Queue + compute: all that differs between the prefill workers at one place.
+    prefill_reps = _best_per_place(prefill_sites, lambda s: (own_work_s(num_prompt_tokens, s, config),
+                                                             _load_key(s.load), s.worker_id))
     pairs = []
     for decode in decode_reps:
         pool = [s for s in prefill_reps if s.worker_id != decode.worker_id]

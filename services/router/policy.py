@@ -27,7 +27,9 @@ PolicyName = Literal["kv", "round-robin", "random", "least-loaded"]
 # lowest_cost / sampled: kv policy at temperature 0 / above 0; the others name their policy.
 ChoiceReason = Literal["lowest_cost", "sampled", "round_robin", "random", "least_loaded"]
 # local_cheaper: the kv policy priced moving the KV (or the prefill queue) above prefilling on the decode worker.
-PrefillReason = Literal["no_prefill_pool", "short_uncached", "prefill_saturated", "remote", "local_cheaper"]
+# idle_decode: the kv policy found the decode worker without streams and sooner than the prefill pool.
+PrefillReason = Literal["no_prefill_pool", "short_uncached", "prefill_saturated", "remote", "local_cheaper",
+                        "idle_decode"]
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,8 @@ class Policy:
         priced = choose_prefill(num_prompt_tokens, held_site, sites, self.topology, config.cost,
                                 config.local_prefill_max_stall_s)
         if priced.worker_id is None:
-            return RouteChoice(decode.worker_id, None, cached_on_decode, "local_cheaper", decode,
+            reason: PrefillReason = "idle_decode" if priced.reason == "idle_decode" else "local_cheaper"
+            return RouteChoice(decode.worker_id, None, cached_on_decode, reason, decode,
                                predicted_s=priced.predicted_s)
         # The chosen worker's block cost and credit, as the other policies report them (metrics compare on it).
         scored = _score(open_pool, overlaps, num_blocks, config)

@@ -36,6 +36,18 @@ def test_queue_aware_flag() -> None:
     assert _cost_config(None, {}, {"queue_aware_local": True}).queue_aware_local is True
 
 
+def test_idle_decode_prefills_on_by_default_and_up_can_turn_them_off() -> None:
+    from cli.cmd_router import router_config_of
+    from cli.graph_spec import GraphSpec, router_command
+
+    endpoint = ["--endpoint", "tcp://127.0.0.1:5551"]
+    assert router_config_of(endpoint).policy.cost.idle_decode_prefills is True
+    assert router_config_of([*endpoint, "--no-idle-decode-prefills"]).policy.cost.idle_decode_prefills is False
+    assert "--no-idle-decode-prefills" not in router_command(GraphSpec(), endpoint[1])
+    off = router_command(GraphSpec(router_idle_decode_prefills=False), endpoint[1])
+    assert router_config_of(off[1:]).policy.cost.idle_decode_prefills is False
+
+
 def test_link_min_samples_flag() -> None:
     assert _cost_config(None, {"min_samples": 5}, {}).topology.min_samples == 5
     with pytest.raises(typer.BadParameter, match="min_samples"):

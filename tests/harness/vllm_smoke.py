@@ -42,13 +42,27 @@ async def _generate(engine: VllmEngine, cmd: dict[str, Any]) -> dict[str, Any]:
     )
     token_ids: list[int] = []
     slices: list[int] = []  # tokens per output, in order
-    async for out in engine.generate(request):
+    queued: list[int] = []  # the engine's queued prompt tokens (WorkerLoad.num_waiting_tokens) every 5 ms meanwhile
+
+    async def sample_load() -> None:
+        while True:
+            queued.append(engine.load().num_waiting_tokens)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample_load())
+    try:
+        outputs = [out async for out in engine.generate(request)]
+    finally:
+        sampler.cancel()
+    for out in outputs:
         token_ids.extend(out.token_ids)
         slices.append(len(out.token_ids))
         if out.finish_reason is not None:
             return {
                 "token_ids": token_ids,
                 "slices": slices,
+                "max_queued_tokens": max(queued, default=-1),
+                "queued_tokens_after": engine.load().num_waiting_tokens,
                 "finish_reason": out.finish_reason,
                 "num_cached_tokens": out.num_cached_tokens,
                 "kv_transfer": msgspec.to_builtins(out.kv_transfer) if out.kv_transfer else None,

@@ -164,21 +164,37 @@ QUEUED_4000 = WorkerLoad(num_waiting=2, num_waiting_tokens=4000)
 QUEUED_2_REQUESTS = WorkerLoad(num_waiting=2)  # an engine that counts no tokens (-1): 2 * 1,024 tokens
 
 
+STREAMING_A = site("d", A1, load=WorkerLoad(num_running=1, num_waiting_tokens=0))  # local: 2.0 * (1.5 + 0.1) s
+
+
 @pytest.mark.parametrize(
-    ("load", "queue_aware", "expected"),
+    ("load", "queue_aware", "idle_decode", "decode", "expected"),
     [
-        # Remote 4.0 s queue + 2.003 s = 6.003 s. By default the prompt's own work decides (2.003 < 3.0 s):
-        # remote, and the queue only ranks prefill workers.
-        (QUEUED_4000, False, PrefillChoice("p", 6.003, "remote", 3.0, "same_node", 0.003)),
+        # Remote 4.0 s queue + 2.003 s = 6.003 s. Without idle-decode prefills the prompt's own work decides
+        # (2.003 < 3.0 s): remote, and the queue only ranks prefill workers.
+        (QUEUED_4000, False, False, DECODE_A, PrefillChoice("p", 6.003, "remote", 3.0, "same_node", 0.003)),
         # Queue-aware: 6.003 s > 3.0 s local.
-        (QUEUED_4000, True, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
-        (QUEUED_2_REQUESTS, False, PrefillChoice("p", 4.051, "remote", 3.0, "same_node", 0.003)),
-        (QUEUED_2_REQUESTS, True, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+        (QUEUED_4000, True, False, DECODE_A, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+        (QUEUED_2_REQUESTS, False, False, DECODE_A, PrefillChoice("p", 4.051, "remote", 3.0, "same_node", 0.003)),
+        (QUEUED_2_REQUESTS, True, False, DECODE_A, PrefillChoice(None, 3.0, "local_cheaper", 3.0)),
+        # The decode worker has no streams: its 2.0 s of compute, nothing to stall, against 4.0 + 2.0 s there.
+        (QUEUED_4000, False, True, DECODE_A, PrefillChoice(None, 2.0, "idle_decode", 2.0)),
+        # ...but with a stream on it, a local prefill is priced as a stall again: remote.
+        (QUEUED_4000, False, True, STREAMING_A, PrefillChoice("p", 6.003, "remote", 3.2, "same_node", 0.003)),
+        # An idle pair prefills remotely: the move alone (0.003 s) does not send a prompt to the decode worker.
+        (WorkerLoad(num_waiting_tokens=0), False, True, DECODE_A,
+         PrefillChoice("p", 2.003, "remote", 3.0, "same_node", 0.003)),
+        # 0.1 s of queue: 2.0 s is not sooner than 2.1 s by more than the 5% tolerance; 0.2 s of queue: it is.
+        (WorkerLoad(num_waiting=1, num_waiting_tokens=100), False, True, DECODE_A,
+         PrefillChoice("p", 2.103, "remote", 3.0, "same_node", 0.003)),
+        (WorkerLoad(num_waiting=1, num_waiting_tokens=200), False, True, DECODE_A,
+         PrefillChoice(None, 2.0, "idle_decode", 2.0)),
     ],
 )
-def test_prefill_queue(load: WorkerLoad, queue_aware: bool, expected: PrefillChoice) -> None:
-    config = replace(CONFIG, queue_aware_local=queue_aware)
-    choice = choose_prefill(PROMPT, DECODE_A, [site("p", A1, load=load)], Topology(TOPOLOGY), config)
+def test_prefill_queue(load: WorkerLoad, queue_aware: bool, idle_decode: bool, decode: Site,
+                       expected: PrefillChoice) -> None:
+    config = replace(CONFIG, queue_aware_local=queue_aware, idle_decode_prefills=idle_decode)
+    choice = choose_prefill(PROMPT, decode, [site("p", A1, load=load)], Topology(TOPOLOGY), config)
     assert same(choice, expected)
 
 

@@ -273,10 +273,23 @@ def test_route_saturated_pool_stays_local() -> None:
     assert (choice.prefill_worker_id, choice.reason) == (None, "prefill_saturated")
 
 
+@pytest.mark.parametrize(("decode", "expected"), [
+    # d1 idle: 4,000 tokens at 2,000/s (2.0 s) against p1's 2 waiting prompts (2,048 tokens) and the prompt there
+    # (3.02 s): d1 prefills it.
+    (cand("d1"), (None, "idle_decode")),
+    # d1 streams: a local prefill would stall it, so the prompt waits at p1.
+    (cand("d1", running=1), ("p1", "remote")),
+])
+def test_idle_decode_worker_takes_a_prompt_off_a_busy_prefill_pool(decode: Candidate, expected: tuple) -> None:
+    choice = route(Policy(PolicyConfig()), 4000, [decode], [cand("p1", waiting=2)], {})
+    assert (choice.prefill_worker_id, choice.reason) == expected
+
+
 def test_route_skips_full_prefill_queue() -> None:
-    # p1 has the prefix but its queue is full; p2 has room.
+    # p1 has the prefix but its queue is full; p2 has room (d1 streams: it takes no prompt off a busy pool).
     overlaps = {"p1": dev(250)}
-    choice = route(Policy(KV), 4000, [cand("d1")], [cand("p1", waiting=8), cand("p2", waiting=1)], overlaps)
+    choice = route(Policy(KV), 4000, [cand("d1", running=1)], [cand("p1", waiting=8), cand("p2", waiting=1)],
+                   overlaps)
     assert (choice.prefill_worker_id, choice.num_cached_tokens_predicted) == ("p2", 0)
 
 

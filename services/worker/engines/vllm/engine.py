@@ -41,14 +41,8 @@ from common.errors import EngineError
 from common.protocol import FinishReason, WorkerLoad
 from common.tiny_model import ModelInfo, validate_model_dir
 from services.worker.engine import EngineCounters, EngineOutput, EngineRequest, OutputSink
-from services.worker.engines.vllm.params import (
-    decode_kv_params,
-    kv_params_from_vllm,
-    prompt_logprobs,
-    request_extras,
-    to_vllm_sampling,
-    token_logprobs,
-)
+from services.worker.engines.vllm.params import (decode_kv_params, kv_params_from_vllm, prompt_logprobs,
+                                                  request_extras, to_vllm_sampling, token_logprobs)
 from services.worker.engines.vllm.config import VllmEngineConfig, engine_process_env
 from services.worker.engines.vllm.kv_events import VllmKvEvents
 from services.worker.engines.vllm.lease_release import abort_or_release, worker_extension
@@ -111,7 +105,8 @@ class VllmEngine(VllmAdapters):
         self.start_s = 0.0
         self._llm: Any = None
         self._stats = EngineStatsSink()
-        self._in_flight: set[str] = set()
+        # Requests in the engine -> prompt tokens still to prefill (0 for a KV hand-off, and once one has output).
+        self._in_flight: dict[str, int] = {}
         self._loras, self._next_lora_id = {}, 1  # lora.py
         self._kv_bytes_per_block = 0
         self._dtype = DtypeChoice(self.config.dtype, "as asked")
@@ -287,10 +282,11 @@ class VllmEngine(VllmAdapters):
         failures_before = self._stats.num_transfer_failures
         forced = ForcedFirst(request.request_id, forced_token) if forced_token is not None else None
         num_top, lora = request.sampling.logprobs or 0, self.lora_request(request.lora_name)
-        self._in_flight.add(request.request_id)
+        self._in_flight[request.request_id] = len(prompt_ids) if request.kv_transfer is None else 0
         try:
             async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id,
                                           lora_request=lora, **request_extras(request, self.config.engine_args)):
+                self._in_flight[request.request_id] = 0  # prefilled
                 completion = out.outputs[0]
                 token_ids = tuple(completion.token_ids)
                 logprobs = token_logprobs(token_ids, completion.logprobs, num_top)
@@ -312,7 +308,7 @@ class VllmEngine(VllmAdapters):
                 final = self._final_output(request, out, token_ids, len(prompt_ids), failures_before)
                 yield msgspec.structs.replace(final, logprobs=logprobs, prompt_logprobs=scored)
         finally:
-            self._in_flight.discard(request.request_id)
+            self._in_flight.pop(request.request_id, None)
 
     def _final_output(
         self,
@@ -362,6 +358,9 @@ class VllmEngine(VllmAdapters):
             num_total_blocks=self.num_blocks,
             # vLLM reports only total usage; blocks held by running sequences are its best proxy.
             num_active_blocks=used,
+            # Whole prompts until their first output (vLLM does not tell a chunked prefill's progress): an upper
+            # bound, so a prefill worker deep in a long prompt is not taken for idle (services/router/cost.py).
+            num_waiting_tokens=sum(self._in_flight.values()),
             prefill_tokens_per_s=self._stats.prefill_tokens_per_s,
         )
 

@@ -246,6 +246,19 @@ async def test_the_handoff_contract(engines: tuple[SmokeEngine, SmokeEngine], wi
                         _runner(decode if with_kv else prefill), prompt, seeded, with_kv)
 
 
+def test_load_counts_a_prompt_as_queued_until_its_first_output(engines: tuple[SmokeEngine, SmokeEngine]) -> None:
+    """WorkerLoad.num_waiting_tokens, which the router prices a prefill queue by: a prompt counts whole until its
+    first output, a hand-off's (pulled, not computed) not at all, and nothing once the request is done."""
+    prefill, decode = engines
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    prompt = _prompts()[-1][::-1]
+    first = _generate(prefill, "queued-p", prompt, greedy, prefill_only=True)
+    assert (first["max_queued_tokens"], first["queued_tokens_after"]) == (len(prompt), 0)
+    rest = _generate(decode, "queued-d", prompt, greedy, handoff={"first_token_id": first["token_ids"][0],
+                                                                  "kv_transfer": first["kv_transfer"]})
+    assert (rest["max_queued_tokens"], rest["queued_tokens_after"]) == (0, 0) and not rest["transfer_failed"]
+
+
 def test_failed_pull_recomputes(engines: tuple[SmokeEngine, SmokeEngine]) -> None:
     prefill, decode = engines
     greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
