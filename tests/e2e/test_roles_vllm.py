@@ -22,7 +22,7 @@ from tests.e2e.reference import VLLM_ARGS, Reference, complete, prompt
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                     reason="vllm not installed")]
 MOVED = "prefill-1"
-LENGTHS = (200, 300, 450, 600)  # above the local-prefill threshold (64 here): remote prefills
+LENGTHS = (300, 450, 700, 1000)  # above the local-prefill threshold (64 here): remote prefills
 NUM_CLIENTS = 3
 
 
@@ -91,7 +91,7 @@ def test_prefill_worker_moved_to_decode_serves_transferred_kv(tmp_path, mode: st
                                               for w, s in worker_stats(graph.router).items()},
                                              graph.logs()[-6000:])
         first_pull_s, answer_to_pull_s = time.monotonic() - decided, time.monotonic() - answered
-        assert wait_until(lambda: len(outputs) >= num_at_switch + 6, timeout_s=240)
+        assert wait_until(lambda: len(outputs) >= num_at_switch + 9, timeout_s=240)
         stop.set()
         for t in threads:
             t.join(timeout=240)
