@@ -16,6 +16,7 @@ tells every router in its heartbeats; its engine serves either kind of request, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import replace
 
@@ -82,6 +83,7 @@ class WorkerService:
         self._draining = False
         self._serving = False
         self._heartbeat_seq = 0
+        self._report_soon = asyncio.Event()  # a request ended: the next beat comes early (_heartbeat_loop)
         self._drained = asyncio.Event()
         # Set once the engine can serve nothing more (engine.dead_reason()): the worker deregisters and exits.
         self._engine_dead = asyncio.Event()
@@ -125,8 +127,7 @@ class WorkerService:
         try:
             await self.engine.start()
             loop = asyncio.get_running_loop()
-            registering = [loop.create_task(link.keep_registered()) for link in self._links]
-            background += registering
+            background += (registering := [loop.create_task(link.keep_registered()) for link in self._links])
             await first_registration(self._links, registering)
             if self.config.metrics_port:
                 self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
@@ -172,11 +173,10 @@ class WorkerService:
     def set_role(self, msg: SetRole) -> RoleSet:
         """A router forwards a ``SetRole``: serve the new role from now on and tell every router.
 
-        Nothing in the engine changes: it serves both kinds of request (a request's ``prefill_only`` and
-        ``kv_transfer`` say which), so the old role's requests finish here as they are, a finished prefill's
-        blocks stay until the decode side pulled them, and new work of the new role is served at once. What
-        the role changes is where routers send work (their pools follow our heartbeats), our metrics' labels,
-        and our registration (a router that restarts learns the role from it)."""
+        Nothing in the engine changes: it serves both kinds of request (``prefill_only`` and ``kv_transfer`` say
+        which), so the old role's requests finish here as they are, a finished prefill's blocks stay until the
+        decode side pulled them, and new work of the new role is served at once. The role changes where routers
+        send work (their pools follow our heartbeats), our metrics' labels and registration."""
         refused = role_refusal(msg.role, self.config.switchable, self._draining)
         if refused:
             log.warning("role_refused", worker_id=self.config.worker_id, role=msg.role, reason=refused)
@@ -333,6 +333,7 @@ class WorkerService:
             self._tasks.pop(msg.request_id, None)
             self._owners.pop(msg.request_id, None)
             self._transfer_sources.finished(msg.request_id)
+            self._report_soon.set()
 
     def _reply(self, identity: bytes, reply: Message) -> None:
         """A one-off reply, through the outbox so it follows the tokens sent before it."""
@@ -363,9 +364,14 @@ class WorkerService:
                            kv_events=self._events is not None)
 
     async def _heartbeat_loop(self) -> None:
+        """A beat every heartbeat_interval_s, and early_report_gap_s after a request ends: routers count what they
+        routed here since a beat as queued, so a lone client's next prompt looked queued behind its last one."""
         while not self._engine_is_dead():
             self._send_heartbeat()
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            self._report_soon.clear()
+            await asyncio.sleep(gap_s := self.config.early_report_gap_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._report_soon.wait(), self.config.heartbeat_interval_s - gap_s)
 
     def _engine_is_dead(self) -> bool:
         """Asks the engine; the first time it says it is dead: deregister from every router at once (routing
