@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import asyncio
 
-import zmq.asyncio
-
-from cli.launcher import free_port
 from common.protocol import Generate, SamplingParams, Tokens
 from common.transport import Client, TransportConfig
-from services.router.service import RouterConfig, RouterService
+from services.router.service import RouterConfig
 from services.worker.config import WorkerConfig
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
-from services.worker.service import WorkerService
-from tests.services.worker.test_roles import _until
+from tests.harness.in_process import router_and_worker, until
 
 
 async def test_a_finished_request_reports_the_load_before_the_next_regular_beat() -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    router = RouterService(RouterConfig(endpoint=endpoint, heartbeat_timeout_s=600.0))
-    ready = asyncio.Event()
-    router_task = asyncio.create_task(router.run(ready))
-    await asyncio.wait_for(ready.wait(), 5)
-    worker = WorkerService(WorkerConfig(worker_id="p0", role="prefill", model="m", router_endpoint=endpoint,
-                                        heartbeat_interval_s=60.0),
-                           MockEngine(MockEngineConfig(num_blocks=64, engine_id="p0")))
-    worker_task = asyncio.create_task(worker.run())
-    ctx = zmq.asyncio.Context()
-    try:
-        await _until(lambda: router.registry.get("p0") is not None and worker._heartbeat_seq == 1)
+    config = WorkerConfig(worker_id="p0", role="prefill", model="m", router_endpoint="", heartbeat_interval_s=60.0)
+    async with router_and_worker(config, MockEngine(MockEngineConfig(num_blocks=64, engine_id="p0")),
+                                 RouterConfig(heartbeat_timeout_s=600.0)) as (router, worker, ctx):
+        await until(lambda: worker._heartbeat_seq == 1)
         router.registry.note_routed("p0", num_prefill_tokens=64)  # what the router counts until a beat
         assert router.registry.get("p0").num_routed_since_report == 1
         to_worker = Client(ctx, worker.endpoint, TransportConfig())
@@ -42,13 +30,8 @@ async def test_a_finished_request_reports_the_load_before_the_next_regular_beat(
         reply = await asyncio.wait_for(stream.get(), 5)
         assert isinstance(reply, Tokens) and reply.finish_reason is not None
         # The beat after it replaces the router's guess with the engine's load: nothing queued, nothing running.
-        await _until(lambda: router.registry.get("p0").num_routed_since_report == 0)
+        await until(lambda: router.registry.get("p0").num_routed_since_report == 0)
         entry = router.registry.get("p0")
         assert worker._heartbeat_seq == 2
         assert (entry.load.num_waiting, entry.load.num_running) == (0, 0)
         await to_worker.close()
-    finally:
-        worker_task.cancel()
-        router_task.cancel()
-        await asyncio.gather(worker_task, router_task, return_exceptions=True)
-        ctx.destroy(linger=0)

@@ -8,39 +8,26 @@ from __future__ import annotations
 import asyncio
 
 import zmq
-import zmq.asyncio
 
-from cli.launcher import free_port
 from common.outbox import OutboxLimits
 from common.protocol import Generate, GetStats, SamplingParams, encode
 from common.timing import TimingModel
-from services.router.service import RouterConfig, RouterService
 from services.worker.engines.mock.config import MockEngineConfig
 from services.worker.engines.mock.engine import MockEngine
 from services.worker.config import WorkerConfig
-from services.worker.service import WorkerService
-from tests.services.worker.test_roles import _until
+from tests.harness.in_process import router_and_worker, until
 
 LIMITS = OutboxLimits(max_messages=32, max_bytes=256 * 1024, stall_timeout_s=0.5, socket_frames=8)
 NUM_REQUESTS = 16
 
 
 async def test_a_frontend_that_stops_reading_gets_its_requests_aborted_and_the_blocks_freed() -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    router = RouterService(RouterConfig(endpoint=endpoint))
-    ready = asyncio.Event()
-    router_task = asyncio.create_task(router.run(ready))
-    await asyncio.wait_for(ready.wait(), 5)
     engine = MockEngine(MockEngineConfig(num_blocks=8192, engine_id="d0", timing=TimingModel(speedup=float("inf"))))
-    worker = WorkerService(WorkerConfig(worker_id="d0", role="both", model="m", router_endpoint=endpoint,
-                                        outbox=LIMITS), engine)
-    worker_task = asyncio.create_task(worker.run())
-    ctx = zmq.asyncio.Context()
-    frontend = ctx.socket(zmq.DEALER)
-    frontend.setsockopt(zmq.RCVHWM, 4)
-    frontend.setsockopt(zmq.RCVBUF, 4096)
-    try:
-        await _until(lambda: router.registry.get("d0") is not None)
+    config = WorkerConfig(worker_id="d0", role="both", model="m", router_endpoint="", outbox=LIMITS)
+    async with router_and_worker(config, engine) as (_, worker, ctx):
+        frontend = ctx.socket(zmq.DEALER)  # closed with the context, as is the other one below
+        frontend.setsockopt(zmq.RCVHWM, 4)
+        frontend.setsockopt(zmq.RCVBUF, 4096)
         total_blocks = engine.load().num_free_blocks
         frontend.connect(worker.endpoint)
         # Long generations, then this "frontend" reads nothing.
@@ -48,9 +35,9 @@ async def test_a_frontend_that_stops_reading_gets_its_requests_aborted_and_the_b
             await frontend.send(encode(Generate(request_id=f"r{i}", token_ids=tuple(range(100, 200)),
                                                 sampling=SamplingParams(max_tokens=3_900, ignore_eos=True,
                                                                         logprobs=20))))
-        await _until(lambda: engine.load().num_free_blocks < total_blocks, timeout_s=5.0)
+        await until(lambda: engine.load().num_free_blocks < total_blocks, timeout_s=5.0)
         # Aborted: the tasks are gone, the blocks are back, the backlog held no more than its limits.
-        await _until(lambda: not worker._tasks, timeout_s=60.0)
+        await until(lambda: not worker._tasks, timeout_s=60.0)
         assert engine.load().num_free_blocks == total_blocks
         assert worker._outbox.num_stalled == NUM_REQUESTS, "every request was stopped by the stall"
         for identity in worker._outbox._pending:
@@ -61,10 +48,3 @@ async def test_a_frontend_that_stops_reading_gets_its_requests_aborted_and_the_b
         other.connect(worker.endpoint)
         await other.send(encode(GetStats(request_id="s1")))
         assert await asyncio.wait_for(other.recv(), 5)
-        other.close(linger=0)
-    finally:
-        frontend.close(linger=0)
-        worker_task.cancel()
-        router_task.cancel()
-        await asyncio.gather(worker_task, router_task, return_exceptions=True)
-        ctx.destroy(linger=0)
